@@ -1,0 +1,197 @@
+"""Near-duplicate quality against the peers, on the same labelled stream in one run.
+
+Every system sees the stream in order and decides keep or drop per document, remembering only what it kept:
+
+- ``streamdedup``: the offline decision core (``Deduplicator`` over a fresh ``SegmentIndex`` in a temporary
+  folder), configured by the settings given (``--config``), batches of ``dedup.batch_size``;
+- ``simhash``: the ``simhash`` package, ``Simhash(text)`` (its defaults) + ``SimhashIndex(k=3)``;
+- ``minhash-0.5`` / ``minhash-0.8``: datasketch ``MinHashLSH`` at that threshold, ``MinHash(num_perm=128)``
+  over character 5-grams of the normalised text (the project's Normalizer, default settings).
+
+Prints recall, loss and docs/s per split and system, by edit kind and language with ``--detail``, and
+writes everything as JSON with ``--json PATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..decide import Deduplicator
+from ..document import Document
+from ..normalize import Normalizer
+from ..offline import open_index
+from ..quality.corpus import STREAM_FILE, BenchDoc, load_stream
+from ..quality.evaluate import QualityReport, evaluate
+from ..settings import NormalizeSettings, Settings
+
+__all__ = ["PEERS", "PeerResult", "main", "run_peer"]
+
+SPLITS = ("tune", "holdout")
+MINHASH_SHINGLE = 5
+MINHASH_PERMUTATIONS = 128
+SIMHASH_K = 3
+# Event times one second apart: well inside the default max age, so nothing expires during a run.
+START_TIME = 1_700_000_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class PeerResult:
+    name: str
+    split: str
+    seconds: float
+    report: QualityReport
+
+    @property
+    def docs_per_second(self) -> float:
+        return self.report.overall.documents / self.seconds if self.seconds > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "system": self.name,
+            "split": self.split,
+            "seconds": self.seconds,
+            "docs_per_second": self.docs_per_second,
+            **self.report.as_dict(),
+        }
+
+
+def _streamdedup(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarray:
+    dropped = np.zeros(len(docs), dtype=bool)
+    batch_size = settings.dedup.batch_size
+    with tempfile.TemporaryDirectory(prefix="streamdedup-bench-quality-") as folder:
+        with open_index(settings, Path(folder) / "index") as index:
+            deduplicator = Deduplicator(settings, index)
+            for start in range(0, len(docs), batch_size):
+                batch = [
+                    Document(doc.id, doc.text, START_TIME + start + offset)
+                    for offset, doc in enumerate(docs[start : start + batch_size])
+                ]
+                verdicts = deduplicator.decide(batch)
+                dropped[start : start + len(batch)] = [not verdict.novel for verdict in verdicts]
+    return dropped
+
+
+def _simhash(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarray:
+    # The peers are the optional "bench" extra: imported only when run.
+    from simhash import Simhash, SimhashIndex
+
+    # SimhashIndex logs its set-up and every large bucket it meets; the table is what matters here.
+    logging.getLogger("simhash").setLevel(logging.ERROR)
+    index = SimhashIndex([], k=SIMHASH_K)
+    dropped = np.zeros(len(docs), dtype=bool)
+    for position, doc in enumerate(docs):
+        fingerprint = Simhash(doc.text)
+        if index.get_near_dups(fingerprint):
+            dropped[position] = True
+        else:
+            index.add(doc.id, fingerprint)
+    return dropped
+
+
+def _minhash(threshold: float) -> Callable[[Sequence[BenchDoc], Settings], np.ndarray]:
+    def run(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarray:
+        from datasketch import MinHash, MinHashLSH
+
+        lsh = MinHashLSH(threshold=threshold, num_perm=MINHASH_PERMUTATIONS)
+        dropped = np.zeros(len(docs), dtype=bool)
+        normalized = Normalizer(NormalizeSettings()).normalize([doc.text for doc in docs])
+        for position, (doc, text) in enumerate(zip(docs, normalized, strict=True)):
+            sketch = MinHash(num_perm=MINHASH_PERMUTATIONS)
+            count = max(1, len(text) - MINHASH_SHINGLE + 1)
+            sketch.update_batch([text[i : i + MINHASH_SHINGLE].encode("utf-8") for i in range(count)])
+            if lsh.query(sketch):
+                dropped[position] = True
+            else:
+                lsh.insert(doc.id, sketch)
+        return dropped
+
+    return run
+
+
+PEERS: dict[str, Callable[[Sequence[BenchDoc], Settings], np.ndarray]] = {
+    "streamdedup": _streamdedup,
+    "simhash": _simhash,
+    "minhash-0.5": _minhash(0.5),
+    "minhash-0.8": _minhash(0.8),
+}
+
+
+def run_peer(name: str, docs: Sequence[BenchDoc], settings: Settings, split: str = "") -> PeerResult:
+    """Run one system over ``docs`` in order and score its decisions."""
+    started = time.perf_counter()
+    dropped = PEERS[name](docs, settings)
+    seconds = time.perf_counter() - started
+    return PeerResult(name, split, seconds, evaluate(docs, dropped))
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.3f}%"
+
+
+def _print_table(results: Sequence[PeerResult]) -> None:
+    fastest_peer = max((r.docs_per_second for r in results if r.name != "streamdedup"), default=None)
+    print(f"{'split':<8} {'system':<12} {'recall':>9} {'loss':>9} {'novel lost':>11} {'docs/s':>10} {'x fastest peer':>15}")
+    for result in results:
+        overall = result.report.overall
+        ratio = f"{result.docs_per_second / fastest_peer:.1f}x" if fastest_peer and result.name == "streamdedup" else ""
+        print(
+            f"{result.split:<8} {result.name:<12} {_percent(overall.recall):>9} {_percent(overall.loss):>9} "
+            f"{overall.novel_dropped:>5}/{overall.novel:<5} {result.docs_per_second:>10.0f} {ratio:>15}"
+        )
+
+
+def _print_detail(results: Sequence[PeerResult]) -> None:
+    for split in dict.fromkeys(result.split for result in results):
+        chosen = [result for result in results if result.split == split]
+        for title, groups in (("edit", "by_edit"), ("language", "by_lang")):
+            keys = list(getattr(chosen[0].report, groups))
+            print(f"\n{split}: recall / loss by {title}")
+            print(f"{title:<22}" + "".join(f"{result.name:>24}" for result in chosen))
+            for key in keys:
+                cells = []
+                for result in chosen:
+                    rates = getattr(result.report, groups)[key]
+                    cells.append(f"{_percent(rates.recall)} / {_percent(rates.loss)}")
+                print(f"{key:<22}" + "".join(f"{cell:>24}" for cell in cells))
+
+
+def main(options: list[str], settings: Settings) -> int:
+    parser = argparse.ArgumentParser(prog="streamdedup bench quality", description=__doc__)
+    parser.add_argument("--split", choices=[*SPLITS, "all"], default="all", help="which split to run")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N documents of each split")
+    parser.add_argument("--systems", default=",".join(PEERS), help=f"comma-separated subset of {', '.join(PEERS)}")
+    parser.add_argument("--stream", type=Path, default=STREAM_FILE, help="labelled stream (JSONL, xz)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
+    parser.add_argument("--detail", action="store_true", help="also print recall / loss by edit kind and language")
+    args = parser.parse_args(options)
+    systems = [name.strip() for name in args.systems.split(",") if name.strip()]
+    unknown = [name for name in systems if name not in PEERS]
+    if unknown:
+        parser.error(f"unknown systems {unknown}; choose from {list(PEERS)}")
+
+    stream = load_stream(args.stream)
+    results = []
+    for split in SPLITS if args.split == "all" else (args.split,):
+        docs = [doc for doc in stream if doc.split == split][: args.limit]
+        for name in systems:
+            results.append(run_peer(name, docs, settings, split))
+            overall = results[-1].report.overall
+            print(f"  {split} {name}: {overall.documents} docs in {results[-1].seconds:.1f} s", flush=True)
+    print()
+    _print_table(results)
+    if args.detail:
+        _print_detail(results)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([result.as_dict() for result in results], indent=2) + "\n", encoding="utf-8")
+        print(f"\nwrote {args.json}")
+    return 0

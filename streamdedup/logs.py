@@ -1,0 +1,113 @@
+"""Structured logging: one line per record, readable text or JSON, with the record's ``extra`` fields.
+
+``configure_logging(settings)`` installs one handler on the root logger. Every secret of the settings
+(each ``SecretStr``/``SecretBytes`` value) is masked in the final line, whatever put it there: a message,
+an argument, an extra field or a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from pydantic import BaseModel, SecretBytes, SecretStr
+
+from .settings import Settings
+
+__all__ = ["JsonFormatter", "TextFormatter", "configure_logging", "secret_values"]
+
+MASK = "**********"
+
+# Attributes every LogRecord has; anything else on a record came from ``extra=`` and is logged as a field.
+_STANDARD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+class _Redacting(logging.Formatter):
+    def __init__(self, secrets: Iterable[str] = (), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # Longest first, so a secret containing another is masked whole.
+        self._secrets = sorted({secret for secret in secrets if secret}, key=len, reverse=True)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self.render(record)
+        for secret in self._secrets:
+            line = line.replace(secret, MASK)
+        return line
+
+    def render(self, record: logging.LogRecord) -> str:
+        raise NotImplementedError
+
+
+class TextFormatter(_Redacting):
+    """``2026-01-01T00:00:00.000Z INFO streamdedup.service: message key=value ...``"""
+
+    def render(self, record: logging.LogRecord) -> str:
+        fields = "".join(
+            f" {key}={value!r}" if isinstance(value, str) else f" {key}={value}" for key, value in _extras(record)
+        )
+        line = f"{_timestamp(record)} {record.levelname} {record.name}: {record.getMessage()}{fields}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
+        return line
+
+
+class JsonFormatter(_Redacting):
+    """One JSON object per line: time, level, logger, message, the extra fields, and exception if any."""
+
+    def render(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": _timestamp(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update(_extras(record))
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def configure_logging(settings: Settings, stream: TextIO | None = None) -> logging.Handler:
+    """Route every log record to ``stream`` (standard error) at ``settings.logging.level``; return the handler."""
+    formatter_class = JsonFormatter if settings.logging.format == "json" else TextFormatter
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(formatter_class(secret_values(settings)))
+    logging.basicConfig(level=settings.logging.level, handlers=[handler], force=True)
+    return handler
+
+
+def secret_values(model: BaseModel) -> list[str]:
+    """The plain values of every SecretStr/SecretBytes field anywhere in ``model``."""
+    return list(_walk_secrets(model))
+
+
+def _walk_secrets(value: object) -> Iterator[str]:
+    if isinstance(value, SecretStr):
+        yield value.get_secret_value()
+    elif isinstance(value, SecretBytes):
+        yield value.get_secret_value().decode("utf-8", "replace")
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _walk_secrets(getattr(value, name))
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _walk_secrets(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _walk_secrets(item)
+
+
+def _extras(record: logging.LogRecord) -> list[tuple[str, Any]]:
+    return [(key, value) for key, value in vars(record).items() if key not in _STANDARD_ATTRIBUTES]
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,83 @@
+"""Logs: level and format from the settings, extra fields kept, secrets never printed."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+from collections.abc import Iterator
+
+import pytest
+from pydantic import SecretStr
+
+from streamdedup.logs import MASK, JsonFormatter, TextFormatter, configure_logging, secret_values
+from streamdedup.settings import Section, Settings
+
+
+@pytest.fixture
+def restore_root_logger() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def record(message: str, *args: object, level: int = logging.INFO, **extra: object) -> logging.LogRecord:
+    entry = logging.LogRecord("streamdedup.service", level, __file__, 1, message, args, None)
+    entry.__dict__.update(extra)
+    return entry
+
+
+def test_json_line_carries_message_and_extra_fields() -> None:
+    line = JsonFormatter().format(record("batch done in %.2f s", 0.25, partition=3, topic="in"))
+    entry = json.loads(line)
+    assert entry["message"] == "batch done in 0.25 s"
+    assert (entry["level"], entry["logger"], entry["partition"], entry["topic"]) == (
+        "INFO",
+        "streamdedup.service",
+        3,
+        "in",
+    )
+    assert entry["time"].endswith("Z")
+    assert "\n" not in line
+
+
+def test_text_line_is_readable_with_fields() -> None:
+    line = TextFormatter().format(record("rebalanced", assigned=2, topic="in"))
+    assert line.split(" ", 1)[1] == "INFO streamdedup.service: rebalanced assigned=2 topic='in'"
+
+
+def test_exception_is_kept_in_json() -> None:
+    try:
+        raise ValueError("bad batch")
+    except ValueError:
+        entry = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), exc_info=sys.exc_info())
+    parsed = json.loads(JsonFormatter().format(entry))
+    assert "ValueError: bad batch" in parsed["exception"]
+
+
+class _Credentials(Section):
+    password: SecretStr
+    plain: str = "not-a-secret"
+
+
+def test_every_secret_of_the_settings_is_masked_wherever_it_appears() -> None:
+    creds = _Credentials(password=SecretStr("hunter2-longer"))
+    secrets = secret_values(creds)
+    assert secrets == ["hunter2-longer"]
+    for formatter in (JsonFormatter(secrets), TextFormatter(secrets)):
+        line = formatter.format(record("connecting with %s", "hunter2-longer", sasl="user:hunter2-longer"))
+        assert "hunter2" not in line
+        assert line.count(MASK) == 2
+
+
+def test_configure_logging_sets_level_and_format(restore_root_logger: None) -> None:
+    stream = io.StringIO()
+    configure_logging(Settings(logging={"level": "warning", "format": "json"}), stream)
+    logging.getLogger("streamdedup.test").info("hidden")
+    logging.getLogger("streamdedup.test").warning("shown", extra={"lag": 12})
+    lines = stream.getvalue().splitlines()
+    assert [json.loads(line)["message"] for line in lines] == ["shown"]
+    assert json.loads(lines[0])["lag"] == 12
