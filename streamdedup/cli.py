@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import json
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import __version__
+from .logs import configure_logging
 from .settings import ConfigError, Settings, load_settings
 
 __all__ = ["main"]
@@ -23,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"streamdedup: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings)
     return int(args.handler(args, settings) or 0)
 
 
@@ -38,6 +42,35 @@ def _build_parser() -> argparse.ArgumentParser:
     fingerprint.add_argument("--file", help="JSONL file; one fingerprint per line")
     fingerprint.set_defaults(handler=_fingerprint)
 
+    dedup = commands.add_parser("dedup", help="deduplicate a JSONL file offline with the service's decision core")
+    dedup.add_argument("input", type=Path, help="JSONL input (one record per line)")
+    dedup.add_argument("--output", type=Path, required=True, help="where the kept records go, unchanged and in order")
+    dedup.add_argument("--work-dir", type=Path, default=None, help="index folder (default: a new folder under var/)")
+    dedup.add_argument("--dead-letters", type=Path, default=None, help="unreadable records (default: OUTPUT.dead-letters.jsonl)")
+    dedup.set_defaults(handler=_dedup)
+
+    explain = commands.add_parser("explain", help="show why two texts are or are not near-duplicates")
+    explain.add_argument("text_a")
+    explain.add_argument("text_b")
+    explain.set_defaults(handler=_explain)
+
+    run = commands.add_parser("run", help="run the Kafka service until SIGTERM/SIGINT")
+    run.set_defaults(handler=_run)
+
+    demo = commands.add_parser("demo", help="local broker + service + sample feed, then a summary")
+    demo.add_argument("--feed", type=Path, default=None, help="JSONL feed (default: the bundled sample feed)")
+    demo.add_argument("--keep-broker", action="store_true", help="leave the local broker running afterwards")
+    demo.set_defaults(handler=_demo)
+
+    index = commands.add_parser("index", help="inspect or maintain a segment index (stats/query/export work while it is written)")
+    index.add_argument("action", choices=["stats", "query", "export", "import", "compact"])
+    index.add_argument("path", type=Path, help="the index directory")
+    index.add_argument("--fingerprint", action="append", default=[], help="query: a hex fingerprint (repeatable)")
+    index.add_argument("--min-time", type=float, default=None, help="query: ignore entries older than this event time")
+    index.add_argument("--input", type=Path, default=None, help="import: JSONL as written by export (default: stdin)")
+    index.add_argument("--output", type=Path, default=None, help="export: JSONL file (default: stdout)")
+    index.set_defaults(handler=_index)
+
     bench = commands.add_parser("bench", help="benchmarks against the peers, in one run")
     bench.add_argument("name", choices=["fingerprint", "index", "kafka", "quality", "all"])
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options for that benchmark")
@@ -47,7 +80,55 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _fingerprint(args: argparse.Namespace, settings: Settings) -> int:
-    raise NotImplementedError
+    from .fingerprint import fingerprint_command
+
+    return fingerprint_command(args.text, args.file, settings)
+
+
+def _dedup(args: argparse.Namespace, settings: Settings) -> int:
+    from .offline import dedup_file
+
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="dedup-", dir=_ensure_dir(Path("var"))))
+    print(f"index: {work_dir}", file=sys.stderr)
+    summary = dedup_file(args.input, args.output, settings, work_dir=work_dir, dead_letter_path=args.dead_letters)
+    print(json.dumps(summary.as_dict(), ensure_ascii=False, indent=2))
+    return 0
+
+
+def _explain(args: argparse.Namespace, settings: Settings) -> int:
+    from .explain import explain
+
+    print("\n".join(explain(args.text_a, args.text_b, settings).lines()))
+    return 0
+
+
+def _ensure_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from .service import run_service
+
+    asyncio.run(run_service(settings))
+    return 0
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from .demo import run_demo
+
+    return run_demo(settings, feed=args.feed, keep_broker=args.keep_broker)
+
+
+def _index(args: argparse.Namespace, settings: Settings) -> int:
+    from .index.commands import run_index_command
+
+    return run_index_command(
+        args.action, args.path, settings, fingerprints=args.fingerprint, min_time=args.min_time,
+        source=args.input, target=args.output,
+    )
 
 
 def _bench(args: argparse.Namespace, settings: Settings) -> int:

@@ -3,11 +3,38 @@
 from __future__ import annotations
 
 __all__ = [
+    "DEAD_LETTER_EMPTY_TEXT",
+    "DEAD_LETTER_INVALID_JSON",
+    "DEAD_LETTER_MISSING_FIELD",
+    "DEAD_LETTER_NOT_UTF8",
+    "DEAD_LETTER_NULL_VALUE",
+    "DEAD_LETTER_REASONS",
+    "DEAD_LETTER_TOO_LARGE",
+    "DEFAULT_CONSUMER_GROUP",
+    "DEFAULT_DEAD_LETTER_TOPIC",
+    "DEFAULT_DUPLICATES_TOPIC",
+    "DEFAULT_INPUT_TOPIC",
+    "DEFAULT_OUTPUT_TOPIC",
+    "DEFAULT_TRANSACTIONAL_ID",
+    "HEADER_DEAD_LETTER_DETAIL",
+    "HEADER_MATCH_REASON",
+    "HEADER_SOURCE_OFFSET",
+    "HEADER_SOURCE_PARTITION",
+    "HEADER_SOURCE_TOPIC",
     "HEADER_FINGERPRINT",
     "HEADER_MATCH_DISTANCE",
     "HEADER_MATCH_ID",
     "HEADER_DEAD_LETTER_REASON",
     "METRIC_PREFIX",
+    "INDEX_DB_ENTRIES",
+    "INDEX_DB_FOLDS",
+    "INDEX_DB_IDS",
+    "INDEX_DB_META",
+    "INDEX_DB_ORIGINS",
+    "INDEX_DB_SOURCES",
+    "INDEX_DB_TABLE_PREFIX",
+    "INDEX_DB_TIMES",
+    "INDEX_DB_TOPICS",
 ]
 
 # Kafka headers the service adds to what it publishes.
@@ -15,5 +42,47 @@ HEADER_FINGERPRINT = "streamdedup-fingerprint"
 HEADER_MATCH_ID = "streamdedup-match-id"
 HEADER_MATCH_DISTANCE = "streamdedup-match-distance"
 HEADER_DEAD_LETTER_REASON = "streamdedup-dead-letter-reason"
+# Kafka service: duplicates say whether the match was exact or near; dead letters carry a readable detail;
+# both carry where the record came from.
+HEADER_MATCH_REASON = "streamdedup-match-reason"
+HEADER_DEAD_LETTER_DETAIL = "streamdedup-dead-letter-detail"
+HEADER_SOURCE_TOPIC = "streamdedup-source-topic"
+HEADER_SOURCE_PARTITION = "streamdedup-source-partition"
+HEADER_SOURCE_OFFSET = "streamdedup-source-offset"
+
+# Kafka service: default topics, consumer group and transactional id (config.yaml kafka section).
+DEFAULT_INPUT_TOPIC = "streamdedup-input"
+DEFAULT_OUTPUT_TOPIC = "streamdedup-output"
+DEFAULT_DUPLICATES_TOPIC = "streamdedup-duplicates"
+DEFAULT_DEAD_LETTER_TOPIC = "streamdedup-dead-letters"
+DEFAULT_CONSUMER_GROUP = "streamdedup"
+DEFAULT_TRANSACTIONAL_ID = "streamdedup-1"
+
+# Why a record went to the dead-letter topic (value of HEADER_DEAD_LETTER_REASON and a metric label).
+DEAD_LETTER_INVALID_JSON = "invalid_json"
+DEAD_LETTER_MISSING_FIELD = "missing_field"
+DEAD_LETTER_NOT_UTF8 = "not_utf8"
+DEAD_LETTER_EMPTY_TEXT = "empty_text"
+DEAD_LETTER_TOO_LARGE = "too_large"
+DEAD_LETTER_NULL_VALUE = "null_value"
+DEAD_LETTER_REASONS = (
+    DEAD_LETTER_INVALID_JSON,
+    DEAD_LETTER_MISSING_FIELD,
+    DEAD_LETTER_NOT_UTF8,
+    DEAD_LETTER_EMPTY_TEXT,
+    DEAD_LETTER_TOO_LARGE,
+    DEAD_LETTER_NULL_VALUE,
+)
 
 METRIC_PREFIX = "streamdedup_"
+
+# LMDB databases of the segment index (streamdedup.index); renaming one orphans existing indexes.
+INDEX_DB_META = "meta"
+INDEX_DB_TABLE_PREFIX = "table-"
+INDEX_DB_FOLDS = "folds"
+INDEX_DB_ENTRIES = "entries"
+INDEX_DB_IDS = "ids"
+INDEX_DB_TIMES = "times"
+INDEX_DB_ORIGINS = "origins"
+INDEX_DB_SOURCES = "sources"
+INDEX_DB_TOPICS = "topics"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -18,11 +18,25 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from .names import (
+    DEFAULT_CONSUMER_GROUP,
+    DEFAULT_DEAD_LETTER_TOPIC,
+    DEFAULT_INPUT_TOPIC,
+    DEFAULT_OUTPUT_TOPIC,
+    DEFAULT_TRANSACTIONAL_ID,
+)
+
 __all__ = [
     "ConfigError",
+    "DedupSettings",
     "FeatureSettings",
     "FingerprintSettings",
     "IndexSettings",
+    "InputSettings",
+    "KafkaSecuritySettings",
+    "KafkaSettings",
+    "LoggingSettings",
+    "MetricsSettings",
     "NormalizeSettings",
     "Settings",
     "load_settings",
@@ -55,6 +69,7 @@ class NormalizeSettings(Section):
 class FeatureSettings(Section):
     word_ngrams: list[int] = Field(default_factory=lambda: [1])
     char_ngrams: list[int] = Field(default_factory=list)
+    char_ngram_spaces: bool = True
     cjk_char_ngram: int = Field(default=2, ge=1, le=8)
     weighting: Literal["binary", "tf"] = "binary"
     vocabulary: dict[str, float] = Field(default_factory=dict)
@@ -70,13 +85,20 @@ class FeatureSettings(Section):
         return sorted(set(sizes))
 
 
+# The default fingerprint: 32 segments of 32 bits over spaceless character 4-grams (see README, "Quality").
+DEFAULT_FEATURES = FeatureSettings(word_ngrams=[], char_ngrams=[4], char_ngram_spaces=False)
+
+
 class FingerprintSettings(Section):
-    width: int = 64
+    width: int = 1024
     hash: Literal["fast", "md5", "shake256"] = "fast"
     seed: int = Field(default=0, ge=0, lt=2**63)
     max_text_chars: int = Field(default=1_000_000, ge=1)
+    segments: int = Field(default=32, ge=1)
+    segment_min_features: int = Field(default=2, ge=1)
+    segment_sample: int = Field(default=96, ge=0)
     normalize: NormalizeSettings = NormalizeSettings()
-    features: FeatureSettings = FeatureSettings()
+    features: FeatureSettings = DEFAULT_FEATURES
 
     @field_validator("width")
     @classmethod
@@ -85,13 +107,120 @@ class FingerprintSettings(Section):
             raise ValueError(f"width must be a positive multiple of 64 (64, 128, 256, ...), got {width}")
         return width
 
+    @model_validator(mode="after")
+    def _segments_divide_width(self) -> FingerprintSettings:
+        bits = self.width // self.segments
+        if self.segments > 1 and (self.width % self.segments or bits > 64 or 64 % bits):
+            raise ValueError(
+                f"segments must cut width {self.width} into equal segments of 1, 2, 4, 8, 16, 32 or 64 bits, "
+                f"got {self.segments}"
+            )
+        return self
+
 
 class IndexSettings(Section):
     path: Path = Path("var/index")
-    radius: int = Field(default=3, ge=0)
+    radius: int | None = Field(default=None, ge=0)
     expected_entries: int = Field(default=10_000_000, ge=1)
     max_age_seconds: float | None = Field(default=7 * 24 * 3600.0, gt=0)
     max_entries: int | None = Field(default=50_000_000, ge=1)
+    time_bucket_seconds: float = Field(default=3600.0, gt=0)
+    max_tables: int = Field(default=16, ge=1, le=48)
+    map_size_bytes: int = Field(default=1 << 30, ge=1 << 16)
+    max_map_size_bytes: int | None = Field(default=None, ge=1 << 16)
+    sync: bool = True
+
+
+class DedupSettings(Section):
+    """The decision policy on top of the Hamming lookup."""
+
+    verify: bool = True
+    sketch_size: int = Field(default=64, ge=8, le=1024)
+    sketch_features: FeatureSettings = FeatureSettings(word_ngrams=[], char_ngrams=[3])
+    min_jaccard: float = Field(default=0.6, gt=0.0, le=1.0)
+    batch_size: int = Field(default=2048, ge=1)
+
+
+class MetricsSettings(Section):
+    """The HTTP endpoints: /metrics for Prometheus, /healthz and /readyz for the orchestrator."""
+
+    enabled: bool = True
+    host: str = "0.0.0.0"
+    port: int = Field(default=8000, ge=0, le=65535)
+
+
+class LoggingSettings(Section):
+    """Log records go to standard error; JSON puts each record, with its extra fields, on one line."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    format: Literal["text", "json"] = "text"
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper_level(cls, level: object) -> object:
+        return level.upper() if isinstance(level, str) else level
+
+
+class InputSettings(Section):
+    """How a record value becomes a document: JSON with field paths (dotted, array indices allowed) or text."""
+
+    format: Literal["json", "text"] = "json"
+    text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1)
+    text_separator: str = "\n"
+    id_field: str | None = None
+    time_field: str | None = None
+    max_message_bytes: int = Field(default=1_000_000, ge=1)
+
+
+class KafkaSecuritySettings(Section):
+    """Passed through to aiokafka: SASL (PLAIN, SCRAM) and/or TLS. Passwords are SecretStr, never logged."""
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_key_password: SecretStr | None = None
+    ssl_check_hostname: bool = True
+
+    @model_validator(mode="after")
+    def _complete(self) -> KafkaSecuritySettings:
+        if self.protocol.startswith("SASL") and (not self.sasl_username or self.sasl_password is None):
+            raise ValueError(f"protocol {self.protocol} needs sasl_username and sasl_password")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together (client certificate and its key)")
+        return self
+
+
+class KafkaSettings(Section):
+    """The Kafka service: where it reads and writes, its group and transactions, batching and retries."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    client_id: str = "streamdedup"
+    group_id: str = DEFAULT_CONSUMER_GROUP
+    group_instance_id: str | None = None
+    transactional_id: str = DEFAULT_TRANSACTIONAL_ID
+    input_topics: list[str] = Field(default_factory=lambda: [DEFAULT_INPUT_TOPIC], min_length=1)
+    output_topic: str = DEFAULT_OUTPUT_TOPIC
+    duplicates_topic: str | None = None
+    dead_letter_topic: str = DEFAULT_DEAD_LETTER_TOPIC
+    create_topics: bool = True
+    topic_partitions: int = Field(default=1, ge=1)
+    topic_replication_factor: int = Field(default=1, ge=1)
+    batch_max_records: int = Field(default=1000, ge=1)
+    batch_timeout_ms: int = Field(default=100, ge=0)
+    fetch_max_bytes: int = Field(default=52_428_800, ge=1024)
+    max_request_bytes: int = Field(default=16_777_216, ge=1024)
+    linger_ms: int = Field(default=5, ge=0)
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(default=3_000, ge=100)
+    transaction_timeout_ms: int = Field(default=60_000, ge=1000)
+    request_timeout_ms: int = Field(default=30_000, ge=1000)
+    retry_backoff_seconds: float = Field(default=0.5, gt=0)
+    retry_backoff_max_seconds: float = Field(default=30.0, gt=0)
+    security: KafkaSecuritySettings = KafkaSecuritySettings()
 
 
 class Settings(BaseSettings):
@@ -106,6 +235,11 @@ class Settings(BaseSettings):
 
     fingerprint: FingerprintSettings = FingerprintSettings()
     index: IndexSettings = IndexSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    logging: LoggingSettings = LoggingSettings()
+    dedup: DedupSettings = DedupSettings()
+    input: InputSettings = InputSettings()
+    kafka: KafkaSettings = KafkaSettings()
 
     @classmethod
     def settings_customise_sources(

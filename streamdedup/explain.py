@@ -1,0 +1,60 @@
+"""Why two texts are, or are not, near-duplicates under a configuration: every intermediate value shown."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .decide import Deduplicator, Verdict
+from .document import Document
+from .offline import open_index
+from .settings import Settings
+
+__all__ = ["Explanation", "explain"]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    normalized: tuple[str, str]
+    fingerprints: tuple[str, str]
+    distance: int
+    estimated_jaccard: float
+    verdict: Verdict
+
+    def lines(self) -> list[str]:
+        decision = "kept (novel)" if self.verdict.novel else f"dropped ({self.verdict.reason} duplicate of a)"
+        return [
+            f"a normalised:      {self.normalized[0]!r}",
+            f"b normalised:      {self.normalized[1]!r}",
+            f"a fingerprint:     {self.fingerprints[0]}",
+            f"b fingerprint:     {self.fingerprints[1]}",
+            f"hamming distance:  {self.distance}",
+            f"estimated jaccard: {self.estimated_jaccard:.3f}",
+            f"decision on b:     {decision}",
+        ]
+
+
+def explain(text_a: str, text_b: str, settings: Settings) -> Explanation:
+    """Run ``a`` then ``b`` through the real decision core on a throw-away index."""
+    with tempfile.TemporaryDirectory(prefix="streamdedup-explain-") as work, open_index(settings, Path(work)) as index:
+        dedup = Deduplicator(settings, index)
+        batch = dedup.fingerprinter.fingerprint_batch([text_a, text_b])
+        sketches = dedup.sketch(batch.normalized)
+        _, verdict_b = dedup.decide([Document("a", text_a, 0.0, None), Document("b", text_b, 0.0, None)])
+    fps = batch.fingerprints
+    distance = int(np.bitwise_count(fps[0] ^ fps[1]).sum())
+    jaccard = float(dedup.sketcher.jaccard(sketches[:1], sketches[1:])[0])
+    return Explanation(
+        normalized=(batch.normalized[0], batch.normalized[1]),
+        fingerprints=(_hex(fps[0]), _hex(fps[1])),
+        distance=distance,
+        estimated_jaccard=jaccard,
+        verdict=verdict_b,
+    )
+
+
+def _hex(words: np.ndarray) -> str:
+    return "".join(f"{int(word):016x}" for word in words)

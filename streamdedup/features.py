@@ -1,0 +1,475 @@
+"""Features of normalised texts, extracted and hashed for a whole batch at once with numpy.
+
+A feature is identified by its text: a word token, word n-grams joined by one space, a character n-gram
+over code points, or (automatically) a character n-gram of a script written without spaces (Chinese,
+Japanese, Thai, ...). A document with no word character at all (emoji only, symbols only) is represented
+by the character n-grams of its non-space code points, so it still gets a meaningful fingerprint.
+
+Hashing never leaves numpy on the default path: a polynomial hash of the code points (uint64 wrap-around)
+taken from prefix sums over the whole batch, so every span is hashed in O(1) and word n-gram hashes are
+composed from their tokens'; murmur3's fmix64 seeded by ``seed`` finishes it. Within a document a feature
+is identified by the top 44 bits of that hash (two distinct features of one document collide with
+probability about features**2 / 2**45), which lets one plain ``np.sort`` of (document, identity) keys find
+each document's distinct features and their counts. The ``fast`` feature hash is fmix64 of the identity;
+``md5`` (MD5 of the UTF-8 feature text, big-endian, as the Erlang seed) and ``shake256`` (an XOF for any
+width, as htm.core) call :mod:`hashlib` once per distinct feature of the batch, several times slower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from .normalize import NOSPACE, PUNCTUATION, SPACE, SYMBOL, WORD, CodePointBatch
+from .settings import FeatureSettings
+
+__all__ = ["IDENTITY_BITS", "MAX_DOCUMENTS", "FeatureBatch", "FeatureExtractor", "HashName", "mix64"]
+
+HashName = Literal["fast", "md5", "shake256"]
+
+IDENTITY_BITS = 44
+MAX_DOCUMENTS = 1 << (64 - IDENTITY_BITS)
+"""Most documents one extraction call takes (the document index shares a uint64 sort key with the identity)."""
+
+_IDENTITY_SHIFT = np.uint64(64 - IDENTITY_BITS)
+_IDENTITY_MASK = np.uint64((1 << IDENTITY_BITS) - 1)
+_SPACE_CODE_POINT = np.uint64(0x20)
+# Odd multiplier of the polynomial hash, so it is invertible modulo 2**64.
+_BASE = 0x9E3779B97F4A7C15
+_BASE_INVERSE = pow(_BASE, -1, 2**64)
+_LENGTH_MIX = np.uint64(0xD6E8FEB86659FD93)
+_HASH_MIX = np.uint64(0x8EBC6AF09C88C6E3)
+_WORD_MIX = np.uint64(0xA0761D6478BD642F)
+_FMIX_1 = np.uint64(0xFF51AFD7ED558CCD)
+_FMIX_2 = np.uint64(0xC4CEB9FE1A85EC53)
+_SHIFT = np.uint64(33)
+
+
+def mix64(values: np.ndarray) -> np.ndarray:
+    """murmur3 fmix64 over a uint64 array (a bijection with full avalanche)."""
+    x = values ^ (values >> _SHIFT)
+    x *= _FMIX_1
+    x ^= x >> _SHIFT
+    x *= _FMIX_2
+    x ^= x >> _SHIFT
+    return x
+
+
+@dataclass(frozen=True)
+class FeatureBatch:
+    """Distinct features per document: document i owns ``hashes[offsets[i]:offsets[i + 1]]``.
+
+    ``digests`` holds each feature's full-width hash as uint64 words (``digests[:, 0] == hashes``), in the
+    fingerprint bit order (bit i is bit 63 - i % 64 of word i // 64).
+    """
+
+    hashes: np.ndarray
+    weights: np.ndarray
+    offsets: np.ndarray
+    digests: np.ndarray = field(repr=False)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Number of distinct features of each document."""
+        return np.diff(self.offsets)
+
+    @property
+    def documents(self) -> np.ndarray:
+        """Document index of each feature."""
+        return np.repeat(np.arange(len(self), dtype=np.int64), self.counts)
+
+
+class _Powers:
+    """BASE**i and BASE**-i modulo 2**64, grown on demand and shared (the tables only ever get longer)."""
+
+    _lock = threading.Lock()
+    _tables = (np.ones(1, dtype=np.uint64), np.ones(1, dtype=np.uint64))
+
+    @classmethod
+    def get(cls, size: int) -> tuple[np.ndarray, np.ndarray]:
+        powers, inverse = cls._tables
+        if len(powers) < size:
+            with cls._lock:
+                powers, inverse = cls._tables
+                if len(powers) < size:
+                    size = max(size, 2 * len(powers))
+                    powers, inverse = _power_table(_BASE, size), _power_table(_BASE_INVERSE, size)
+                    cls._tables = (powers, inverse)
+        return powers, inverse
+
+
+def _power_table(base: int, size: int) -> np.ndarray:
+    powers = np.full(size, base, dtype=np.uint64)
+    powers[0] = 1
+    np.cumprod(powers, out=powers)
+    powers.flags.writeable = False
+    return powers
+
+
+class _PolynomialText:
+    """Code points with prefix sums of their polynomial hash, for O(1) span hashes."""
+
+    def __init__(self, code_points: np.ndarray) -> None:
+        self.code_points = code_points
+        size = len(code_points) + 1
+        self.powers, self.inverse_powers = _Powers.get(size)
+        prefix = np.empty(size, dtype=np.uint64)
+        prefix[0] = 0
+        # In place, in the one array: a fresh temporary per step costs more than the arithmetic.
+        terms = prefix[1:]
+        terms[:] = code_points
+        terms *= self.powers[: size - 1]
+        np.cumsum(terms, out=terms)
+        self.prefix = prefix
+
+    def span_hashes(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """sum(code_point[j] * BASE**(j - start)) over each span [start, end), modulo 2**64."""
+        return (self.prefix[ends] - self.prefix[starts]) * self.inverse_powers[starts]
+
+    def decode(self, start: int, stop: int) -> str:
+        return self.code_points[start:stop].astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
+
+
+@dataclass(frozen=True)
+class _Spans:
+    """Feature occurrences that are contiguous spans [start, end) of ``source``'s code points."""
+
+    source: _PolynomialText
+    starts: np.ndarray
+    ends: np.ndarray
+
+    def texts(self, rows: np.ndarray) -> list[str]:
+        decode = self.source.decode
+        return [decode(a, b) for a, b in zip(self.starts[rows].tolist(), self.ends[rows].tolist(), strict=True)]
+
+
+@dataclass(frozen=True)
+class _TokenGrams:
+    """Word n-gram occurrences: ``sizes[r]`` tokens from token ``firsts[r]`` of ``tokens``, joined by a space."""
+
+    tokens: _Spans
+    firsts: np.ndarray
+    sizes: np.ndarray
+
+    def texts(self, rows: np.ndarray) -> list[str]:
+        tokens = self.tokens
+        return [
+            " ".join(tokens.texts(np.arange(first, first + size)))
+            for first, size in zip(self.firsts[rows].tolist(), self.sizes[rows].tolist(), strict=True)
+        ]
+
+
+_Group = _Spans | _TokenGrams
+
+
+def _class_runs(classes: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and ends of the runs of code points of class ``wanted``."""
+    inside = classes == wanted
+    edges = np.flatnonzero(inside[1:] != inside[:-1]) + 1
+    if len(inside) and inside[0]:
+        edges = np.concatenate(([0], edges))
+    if len(edges) % 2:
+        edges = np.append(edges, len(inside))
+    return edges[::2], edges[1::2]
+
+
+def _windows(
+    starts: np.ndarray, ends: np.ndarray, size: int, *, whole_if_shorter: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every ``size``-long window inside each segment [start, end): (window starts, window ends, segment).
+
+    A non-empty segment shorter than ``size`` gives one window covering it when ``whole_if_shorter``.
+    """
+    lengths = ends - starts
+    counts = np.maximum(lengths - size + 1, 0)
+    if whole_if_shorter:
+        counts[(lengths > 0) & (lengths < size)] = 1
+    segment = np.repeat(np.arange(len(starts), dtype=np.int64), counts)
+    first = np.cumsum(counts) - counts
+    window_starts = starts[segment] + (np.arange(len(segment), dtype=np.int64) - first[segment])
+    window_ends = np.minimum(window_starts + size, ends[segment])
+    return window_starts, window_ends, segment
+
+
+class FeatureExtractor:
+    """Turns normalised texts into a :class:`FeatureBatch` of hashed, weighted, filtered features."""
+
+    def __init__(
+        self,
+        settings: FeatureSettings | None = None,
+        hash_name: HashName = "fast",
+        seed: int = 0,
+        *,
+        width: int = 64,
+    ) -> None:
+        if hash_name not in ("fast", "md5", "shake256"):
+            raise ValueError(f"hash must be fast, md5 or shake256, got {hash_name!r}")
+        if width < 64 or width % 64:
+            raise ValueError(f"width must be a positive multiple of 64, got {width}")
+        if not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+        self.settings = settings or FeatureSettings()
+        self.hash_name = hash_name
+        self.seed = seed
+        self.width = width
+        self._seed_key = mix64(np.array([seed ^ 0x5851F42D4C957F2D], dtype=np.uint64))[0]
+        self._excluded = np.unique(self._identities(CodePointBatch.from_texts(self.settings.excludes)))
+        vocabulary = self.settings.vocabulary
+        identities = self._identities(CodePointBatch.from_texts(list(vocabulary)))
+        order = np.argsort(identities, kind="stable")
+        self._vocabulary_keys = identities[order]
+        self._vocabulary_weights = np.array(list(vocabulary.values()), dtype=np.float64)[order]
+
+    def extract(self, texts: Sequence[str]) -> FeatureBatch:
+        """Features of each text (already normalised), in one vectorised pass over the batch."""
+        return self.extract_code_points(CodePointBatch.from_texts(texts))
+
+    def hash_features(self, texts: Sequence[str]) -> np.ndarray:
+        """The 64-bit hash (first digest word) this extractor gives features with these texts."""
+        batch = CodePointBatch.from_texts(texts)
+        identity = self._identities(batch)
+        spans = _Spans(_PolynomialText(batch.code_points), batch.starts, batch.starts + batch.lengths)
+        return self._digests(identity, np.arange(len(batch)), [spans], [len(batch)])[:, 0].copy()
+
+    def extract_code_points(self, batch: CodePointBatch) -> FeatureBatch:
+        """Features of each document of a :class:`CodePointBatch` (what the normaliser produces)."""
+        if len(batch) > MAX_DOCUMENTS:
+            raise ValueError(f"at most {MAX_DOCUMENTS} documents per extraction, got {len(batch)}")
+        text = _PolynomialText(batch.code_points)
+        classes = batch.classes
+        document_starts = batch.starts
+
+        groups: list[_Group] = []
+        identities: list[np.ndarray] = []
+        documents: list[np.ndarray] = []
+
+        def add(group: _Group, hashes: np.ndarray, lengths: np.ndarray, owners: np.ndarray) -> None:
+            groups.append(group)
+            identities.append(self._identity(hashes, lengths))
+            documents.append(owners)
+
+        def document_of(positions: np.ndarray) -> np.ndarray:
+            """Owner of each of the (ascending) positions: a search per document, not per position."""
+            bounds = np.searchsorted(positions, document_starts[1:])
+            counts = np.diff(bounds, prepend=0, append=len(positions))
+            return np.repeat(np.arange(len(document_starts), dtype=np.int64), counts)
+
+        # Words are the runs of WORD code points (the last code point is always NUL, which closes every run).
+        token_starts, token_ends = _class_runs(classes, WORD)
+        token_hashes = text.span_hashes(token_starts, token_ends)
+        token_lengths = token_ends - token_starts
+        if len(self._excluded):
+            # An excluded token is removed before n-grams are formed, as if it were not in the text.
+            kept = ~np.isin(self._identity(token_hashes, token_lengths), self._excluded)
+            token_starts, token_ends = token_starts[kept], token_ends[kept]
+            token_hashes, token_lengths = token_hashes[kept], token_lengths[kept]
+        token_documents = document_of(token_starts)
+        tokens = _Spans(text, token_starts, token_ends)
+        word_sizes = self.settings.word_ngrams
+        for size in word_sizes:
+            if size == 1:
+                add(tokens, token_hashes, token_lengths, token_documents)
+                continue
+            firsts, gram_sizes, hashes, gram_lengths = _word_grams(
+                token_documents, token_hashes, token_lengths, text.powers, size, short=size == word_sizes[0]
+            )
+            add(_TokenGrams(tokens, firsts, gram_sizes), hashes, gram_lengths, token_documents[firsts])
+
+        nospace_documents = np.empty(0, dtype=np.int64)
+        nospace_starts, nospace_ends = _class_runs(classes, NOSPACE)
+        if len(nospace_starts):
+            starts, ends, _ = _windows(nospace_starts, nospace_ends, self.settings.cjk_char_ngram)
+            nospace_documents = document_of(starts)
+            add(_Spans(text, starts, ends), text.span_hashes(starts, ends), ends - starts, nospace_documents)
+
+        char_sizes = self.settings.char_ngrams
+        if char_sizes:
+            # Character n-grams read the text as it reads: artefacts gone, blanks collapsed.
+            compacted = batch.compacted
+            if not self.settings.char_ngram_spaces:
+                # Grams then run across word boundaries, so merged or split words ("dall altra",
+                # "dallaltra") give the same grams.
+                solid = compacted.classes != SPACE
+                compacted = CodePointBatch.from_code_points(compacted.code_points[solid], compacted.classes[solid])
+            reading = text if compacted is batch else _PolynomialText(compacted.code_points)
+            for size in char_sizes:
+                starts, ends, owners = _windows(
+                    compacted.starts,
+                    compacted.starts + compacted.lengths,
+                    size,
+                    whole_if_shorter=size == char_sizes[0],
+                )
+                add(_Spans(reading, starts, ends), reading.span_hashes(starts, ends), ends - starts, owners)
+
+        wordy = np.bincount(token_documents, minlength=len(batch))
+        wordy += np.bincount(nospace_documents, minlength=len(batch))
+        without_words = np.flatnonzero((wordy == 0) & (batch.lengths > 0))
+        if len(without_words):
+            self._add_symbol_grams(batch, without_words, add)
+        return self._collect(len(batch), groups, identities, documents)
+
+    def _add_symbol_grams(
+        self, batch: CodePointBatch, documents: np.ndarray, add: Callable[[_Group, np.ndarray, np.ndarray, np.ndarray], None]
+    ) -> None:
+        """Character n-grams of the non-space code points of documents without any word character."""
+        lengths = batch.lengths[documents]
+        owners = np.repeat(documents, lengths)
+        first = np.cumsum(lengths) - lengths
+        positions = np.repeat(batch.starts[documents] - first, lengths) + np.arange(len(owners))
+        kind = batch.classes[positions]
+        solid = kind == SYMBOL
+        if not batch.collapse:
+            solid |= kind == PUNCTUATION
+        positions, owners = positions[solid], owners[solid]
+        if not len(positions):
+            return
+        compact = _PolynomialText(batch.code_points[positions])
+        segment_starts = np.flatnonzero(np.diff(owners, prepend=-1))
+        segment_ends = np.append(segment_starts[1:], len(positions))
+        starts, ends, segment = _windows(segment_starts, segment_ends, self.settings.cjk_char_ngram)
+        add(_Spans(compact, starts, ends), compact.span_hashes(starts, ends), ends - starts, owners[segment_starts][segment])
+
+    def _identity(self, hashes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Seeded 44-bit identity of a feature from its polynomial hash and length."""
+        return mix64(hashes + lengths.astype(np.uint64) * _LENGTH_MIX + self._seed_key) >> _IDENTITY_SHIFT
+
+    def _identities(self, batch: CodePointBatch) -> np.ndarray:
+        """Identities of whole strings (vocabulary keys, excludes)."""
+        text = _PolynomialText(batch.code_points)
+        return self._identity(text.span_hashes(batch.starts, batch.starts + batch.lengths), batch.lengths)
+
+    def _collect(
+        self, document_count: int, groups: list[_Group], identities: list[np.ndarray], documents: list[np.ndarray]
+    ) -> FeatureBatch:
+        identity = np.concatenate(identities) if identities else np.empty(0, dtype=np.uint64)
+        owner = np.concatenate(documents) if documents else np.empty(0, dtype=np.int64)
+        keys = (owner.astype(np.uint64) << np.uint64(IDENTITY_BITS)) | identity
+        if self.hash_name == "fast":
+            occurrence = None
+            keys = np.sort(keys)
+        else:
+            # The slow hashes need an occurrence of each feature to recover its text.
+            occurrence = np.argsort(keys, kind="stable")
+            keys = keys[occurrence]
+        heads = np.ones(len(keys), dtype=bool)
+        heads[1:] = keys[1:] != keys[:-1]
+        heads = np.flatnonzero(heads)
+        counts = np.diff(np.append(heads, len(keys)))
+        keys = keys[heads]
+
+        settings = self.settings
+        identity = keys & _IDENTITY_MASK
+        kept = np.ones(len(keys), dtype=bool)
+        if settings.frequency_floor > 1:
+            kept &= counts >= settings.frequency_floor
+        if settings.frequency_ceiling is not None:
+            kept &= counts <= settings.frequency_ceiling
+        if len(self._excluded):
+            kept &= ~np.isin(identity, self._excluded)
+        if not kept.all():
+            keys, identity, counts, heads = keys[kept], identity[kept], counts[kept], heads[kept]
+
+        weights = np.ones(len(keys), dtype=np.float64)
+        if len(self._vocabulary_keys):
+            slot = np.minimum(np.searchsorted(self._vocabulary_keys, identity), len(self._vocabulary_keys) - 1)
+            known = self._vocabulary_keys[slot] == identity
+            weights[known] = self._vocabulary_weights[slot[known]]
+        if settings.weighting == "tf":
+            weights *= counts
+
+        sources = None if occurrence is None else occurrence[heads]
+        digests = self._digests(identity, sources, groups, [len(each) for each in identities])
+        owner = (keys >> np.uint64(IDENTITY_BITS)).astype(np.int64)
+        offsets = np.searchsorted(owner, np.arange(document_count + 1))
+        hashes = digests[:, 0] if digests.shape[1] > 1 else digests.reshape(-1)
+        return FeatureBatch(hashes=np.ascontiguousarray(hashes), weights=weights, offsets=offsets, digests=digests)
+
+    def _digests(
+        self, identity: np.ndarray, sources: np.ndarray | None, groups: list[_Group], group_sizes: list[int]
+    ) -> np.ndarray:
+        """Full-width hash words of each feature; ``sources`` locates an occurrence of each in ``groups``."""
+        words = self.width // 64
+        if self.hash_name == "fast":
+            first = mix64(identity ^ _HASH_MIX)
+            if words == 1:
+                return first[:, None]
+            # Further words re-mix the first with the word index.
+            digests = mix64(first[:, None] ^ (np.arange(words, dtype=np.uint64) * _WORD_MIX)[None, :])
+            digests[:, 0] = first
+            return digests
+        assert sources is not None
+        distinct, first_row, inverse = np.unique(identity, return_index=True, return_inverse=True)
+        group_starts = np.cumsum([0, *group_sizes])
+        source = sources[first_row]
+        group_of = np.searchsorted(group_starts, source, side="right") - 1
+        texts: list[str] = [""] * len(distinct)
+        for group_index in np.unique(group_of).tolist():
+            rows = np.flatnonzero(group_of == group_index)
+            local = source[rows] - group_starts[group_index]
+            for row, text in zip(rows.tolist(), groups[group_index].texts(local), strict=True):
+                texts[row] = text
+        digest = _md5_digest if self.hash_name == "md5" else _shake256_digest
+        raw = b"".join(digest(text.encode("utf-8", "surrogatepass"), self.seed, words) for text in texts)
+        table = np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(distinct), words)
+        return table[inverse.reshape(-1)]
+
+
+def _word_grams(
+    token_documents: np.ndarray,
+    token_hashes: np.ndarray,
+    token_lengths: np.ndarray,
+    powers: np.ndarray,
+    size: int,
+    *,
+    short: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Word ``size``-grams: first token, token count, polynomial hash and length of each.
+
+    With ``short``, a document with fewer tokens gives one gram of all of them.
+    """
+    count = len(token_documents)
+    positions = np.arange(count, dtype=np.int64)
+    last = np.minimum(positions + size - 1, count - 1)
+    same = token_documents[last] == token_documents
+    full = (positions + size - 1 < count) & same
+    if short:
+        document_first = np.ones(count, dtype=bool)
+        document_first[1:] = token_documents[1:] != token_documents[:-1]
+        full |= document_first & ~((positions + size - 1 < count) & same)
+    firsts = positions[full]
+    hashes = token_hashes[firsts]
+    lengths = token_lengths[firsts]
+    sizes = np.ones(len(firsts), dtype=np.int64)
+    for offset in range(1, size):
+        following = np.minimum(firsts + offset, count - 1)
+        present = (firsts + offset < count) & (token_documents[following] == token_documents[firsts])
+        # hash("a b") = hash("a") + BASE**len(a) * " " + BASE**(len(a) + 1) * hash("b")
+        joined = hashes + powers[lengths] * _SPACE_CODE_POINT + powers[lengths + 1] * token_hashes[following]
+        hashes = np.where(present, joined, hashes)
+        lengths = np.where(present, lengths + 1 + token_lengths[following], lengths)
+        sizes += present
+    return firsts, sizes, hashes, lengths
+
+
+def _md5_digest(data: bytes, seed: int, words: int) -> bytes:
+    # Seed 0, first 128 bits: MD5 of the text itself, exactly as the Erlang seed; further blocks and other
+    # seeds prefix the seed and block number.
+    blocks = []
+    for block in range((words + 1) // 2):
+        prefix = b"" if seed == 0 and block == 0 else struct.pack(">QI", seed, block)
+        blocks.append(hashlib.md5(prefix + data, usedforsecurity=False).digest())
+    return b"".join(blocks)[: words * 8]
+
+
+def _shake256_digest(data: bytes, seed: int, words: int) -> bytes:
+    prefix = b"" if seed == 0 else struct.pack(">Q", seed)
+    return hashlib.shake_256(prefix + data).digest(words * 8)

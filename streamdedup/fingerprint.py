@@ -1,0 +1,431 @@
+"""Dense SimHash (Charikar) fingerprints of whole batches: normalise -> features -> weighted bit sums.
+
+Bit order (the project's contract): bit i of a ``width``-bit fingerprint is bit ``63 - i % 64`` of uint64
+word ``i // 64``, so the hex string of the words reads the bits left to right. A feature hash's bit i is
+the same bit of its digest, and fingerprint bit i is set where the weighted sum of +1 (bit set) / -1 (bit
+clear) over the document's features is > 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import islice
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from .document import DeadLetter, Document, DocumentDecoder
+from .features import MAX_DOCUMENTS, FeatureBatch, FeatureExtractor, mix64
+from .normalize import CodePointBatch, Normalizer
+from .settings import FeatureSettings, FingerprintSettings, Settings
+
+__all__ = [
+    "FingerprintBatch",
+    "Fingerprinter",
+    "fingerprint_command",
+    "fingerprint_hex",
+    "segmented_simhash",
+    "simhash_from_bits",
+    "simhash_from_features",
+]
+
+# Bound on code points per extraction pass and on feature-bit cells per summation pass (memory, not speed).
+_CHUNK_CODE_POINTS = 1 << 20
+_CHUNK_CELLS = 1 << 23
+_COMMAND_BATCH = 1024  # records per batch in fingerprint_command
+_LANE_LIMIT = 255  # words summed per block: the byte counters of _ones_per_bit hold up to 255
+_BYTE_LANES = np.uint64(0x0101010101010101)
+_SIZE_CLASSES = ((0, 8), (8, 16), (16, 32), (32, 64), (64, 128), (128, 1 << 62))  # features per document
+
+
+def simhash_from_bits(
+    bits: np.ndarray, weights: np.ndarray | Sequence[float] | None = None, active_bits: int | None = None
+) -> np.ndarray:
+    """SimHash of one document from its (features x width) 0/1 feature-hash bits.
+
+    Dense (``active_bits`` None): bit set where the weighted sum of +1/-1 is > 0. Sparse: the
+    ``active_bits`` largest sums are set, ties going to the lowest index; no features give all zeros.
+    """
+    bits = np.asarray(bits)
+    if bits.ndim != 2:
+        raise ValueError(f"bits must be a (features x width) array, got shape {bits.shape}")
+    count, width = bits.shape
+    weight = np.ones(count) if weights is None else np.asarray(weights, dtype=np.float64)
+    if weight.shape != (count,):
+        raise ValueError(f"weights must have one value per feature ({count}), got shape {weight.shape}")
+    sums = np.where(bits != 0, weight[:, None], -weight[:, None]).sum(axis=0)
+    result = np.zeros(width, dtype=np.uint8)
+    if active_bits is None:
+        result[sums > 0] = 1
+        return result
+    if not 0 <= active_bits <= width:
+        raise ValueError(f"active_bits must be between 0 and the width {width}, got {active_bits}")
+    if count:
+        # A stable sort of the negated sums keeps equal sums in index order.
+        result[np.argsort(-sums, kind="stable")[:active_bits]] = 1
+    return result
+
+
+def simhash_from_features(features: FeatureBatch) -> np.ndarray:
+    """Dense SimHash of every document of a feature batch: uint64 (documents, words)."""
+    documents = len(features)
+    words = features.digests.shape[1]
+    result = np.zeros((documents, words), dtype=np.uint64)
+    counts = features.counts
+    unit = bool(np.all(features.weights == 1.0))
+    # Documents are grouped by size and each group's features laid out as (blocks, depth, words), padded
+    # with zero words: reductions along the middle axis stay vectorised over the bits, unlike a segmented
+    # one, and grouping by size keeps the padding small.
+    for low, high in _SIZE_CLASSES:
+        rows = np.flatnonzero((counts > low) & (counts <= high))
+        depth = min(high, _LANE_LIMIT)
+        per_run = max(1, _CHUNK_CELLS // (depth * words * 64))
+        first = 0
+        while first < len(rows):
+            # Runs of documents whose blocks fit the cell budget (a huge document is a run of its own and
+            # is then summed in slices).
+            blocks = -(-counts[rows[first:]] // depth)
+            last = first + max(1, int(np.searchsorted(np.cumsum(blocks), per_run, side="right")))
+            run = rows[first:last]
+            if unit:
+                result[run] = _sum_unit(features, run, depth)
+            else:
+                result[run] = _sum_weighted(features, run)
+            first = last
+    return result
+
+
+def _sum_unit(features: FeatureBatch, rows: np.ndarray, depth: int) -> np.ndarray:
+    """Dense SimHash of unweighted documents: bit set where more than half of the features have it."""
+    counts = features.counts[rows]
+    blocks = -(-counts // depth)
+    block_starts = np.cumsum(blocks) - blocks
+    rank = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    source = np.repeat(features.offsets[rows], counts) + rank
+    words = features.digests.shape[1]
+    # Padding words are all zero: they add no ones, and the threshold uses the real count.
+    padded = np.zeros((int(blocks.sum()), depth, words), dtype=np.uint64)
+    padded[np.repeat(block_starts, counts) + rank // depth, rank % depth] = features.digests[source]
+    ones = _ones_per_bit(padded)
+    if len(ones) != len(rows):
+        ones = np.add.reduceat(ones, block_starts, axis=0)
+    # Integer counts: exact, and ties (sum 0) stay clear.
+    return np.packbits(2 * ones > counts[:, None], axis=1).view(">u8")
+
+
+def _sum_weighted(features: FeatureBatch, rows: np.ndarray) -> np.ndarray:
+    """Dense SimHash of weighted documents, one document at a time in slices of the cell budget."""
+    words = features.digests.shape[1]
+    step = max(1, _CHUNK_CELLS // (words * 64))
+    result = np.zeros((len(rows), words), dtype=np.uint64)
+    for index, row in enumerate(rows.tolist()):
+        sums = np.zeros(words * 64)
+        for first in range(int(features.offsets[row]), int(features.offsets[row + 1]), step):
+            last = min(first + step, int(features.offsets[row + 1]))
+            bits = _bits(features.digests[first:last])
+            weights = features.weights[first:last, None]
+            sums += np.where(bits != 0, weights, -weights).sum(axis=0)
+        result[index] = np.packbits(sums > 0).view(">u8")
+    return result
+
+
+def _bits(digests: np.ndarray) -> np.ndarray:
+    """0/1 bits of digest words along a new last axis; big-endian bytes put bit 0 (the most significant
+    bit of word 0) first for unpackbits."""
+    as_bytes = digests.astype(">u8").view(np.uint8)
+    return np.unpackbits(as_bytes, axis=-1)
+
+
+def _ones_per_bit(words: np.ndarray) -> np.ndarray:
+    """For (groups, n, w) uint64 words with n <= 255: how many of each group's n words have each of the
+    w * 64 bits set (fingerprint bit order), as int64 (groups, w * 64).
+
+    SWAR: masking bit k of every byte leaves eight one-bit counters per word; summing n <= 255 of them
+    cannot carry out of a byte, so eight masked sums count all 64 bits with 64-bit arithmetic only.
+    """
+    groups, _, width = words.shape
+    counts = np.empty((groups, width, 8, 8), dtype=np.int64)  # (group, word, byte, bit within byte)
+    for bit in range(8):
+        lanes = (words >> np.uint64(bit)) & _BYTE_LANES
+        counts[:, :, :, bit] = lanes.sum(axis=1).view(np.uint8).reshape(groups, width, 8)
+    # Little-endian: byte b, bit k is bit 8b + k counted from the least significant; fingerprint bit i is
+    # the (63 - i)-th from the least significant of its word.
+    return counts.reshape(groups, width, 64)[:, :, ::-1].reshape(groups, width * 64)
+
+
+def fingerprint_hex(fingerprints: np.ndarray) -> list[str]:
+    """Hex string of each fingerprint row (each word as 16 hex digits, words in order)."""
+    rows = np.atleast_2d(np.asarray(fingerprints, dtype=np.uint64))
+    return [row.astype(">u8").tobytes().hex() for row in rows]
+
+
+
+# Segment salts: routing and sampling must not reuse the bits that become segment values.
+_ROUTE_SALT = np.uint64(0x2545F4914F6CDD1D)
+_SAMPLE_SALT = np.uint64(0x5851F42D4C957F2D)
+
+
+def segmented_simhash(
+    features: FeatureBatch, width: int, segments: int, *, min_features: int = 1, sample: int = 0
+) -> np.ndarray:
+    """Feature-partitioned SimHash: uint64 (documents, width // 64).
+
+    Each feature feeds exactly one of ``segments`` equal segments (chosen by its hash) and each segment is
+    the Charikar SimHash of its own features, over ``width // segments`` bits. A small edit changes the few
+    segments its features fall in and leaves the others bit-for-bit equal, so the index can key one table
+    per segment and find the copy through any untouched segment. ``sample`` > 0 keeps only each document's
+    ``sample`` features of least (re-seeded) hash, the same stable sample as bottom-k MinHash, so a long
+    document has as few features per segment as a short one. A segment with fewer than ``min_features``
+    features is left all zero (unkeyed), unless no segment of the document reaches that, in which case every
+    non-empty segment counts: short texts stay findable.
+    """
+    seg_bits = width // segments
+    if width % segments or seg_bits > 64 or 64 % seg_bits:
+        raise ValueError(f"segments must split width {width} into equal parts of 1..64 bits dividing 64, got {segments}")
+    documents = len(features)
+    owner = features.documents
+    hashes, weights = features.hashes, features.weights
+    if sample:
+        keep = _bottom(mix64(hashes ^ _SAMPLE_SALT), owner, sample)
+        owner, hashes, weights = owner[keep], hashes[keep], weights[keep]
+    group = owner * segments + (mix64(hashes ^ _ROUTE_SALT) % np.uint64(segments)).astype(np.int64)
+    order = np.argsort(group, kind="stable")
+    group, hashes, weights = group[order], hashes[order], weights[order]
+    counts = np.bincount(group, minlength=documents * segments).reshape(documents, segments)
+    values = np.zeros(documents * segments, dtype=np.uint64)
+    if len(group):
+        starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        shifts = np.arange(63, 63 - seg_bits, -1, dtype=np.uint64)
+        signs = ((hashes[:, None] >> shifts) & np.uint64(1)).astype(np.float64) * 2.0 - 1.0
+        sums = np.add.reduceat(signs * weights[:, None], starts, axis=0)
+        bits = (sums > 0).astype(np.uint64) << (shifts - np.uint64(64 - seg_bits))
+        values[group[starts]] = np.bitwise_or.reduce(bits, axis=1)
+    values = values.reshape(documents, segments)
+    keyed = counts >= min_features
+    fallback = ~keyed.any(axis=1)
+    keyed[fallback] = counts[fallback] > 0
+    values[~keyed] = 0
+    per_word = 64 // seg_bits
+    placed = values.reshape(documents, width // 64, per_word) << (
+        np.arange(per_word - 1, -1, -1, dtype=np.uint64) * np.uint64(seg_bits)
+    )
+    return np.bitwise_or.reduce(placed, axis=2)
+
+
+def _bottom(values: np.ndarray, owner: np.ndarray, k: int) -> np.ndarray:
+    """Mask of each owner's k least values (owner ascending, as in a FeatureBatch)."""
+    order = np.lexsort((values, owner))
+    starts = np.searchsorted(owner[order], owner[order], side="left")
+    keep = np.zeros(len(values), dtype=bool)
+    keep[order[np.arange(len(order)) - starts < k]] = True
+    return keep
+
+
+@dataclass(frozen=True)
+class FingerprintBatch:
+    """Fingerprints of a batch and what they were made from.
+
+    ``errors[i]`` explains why document i could not be fingerprinted (its row is all zeros) or is None;
+    ``empty[i]`` is true when document i had no features at all after normalisation.
+    """
+
+    fingerprints: np.ndarray
+    features: FeatureBatch
+    errors: tuple[str | None, ...]
+    empty: np.ndarray
+    _usable: list[int] = field(repr=False)
+    _normalized_parts: list[CodePointBatch] = field(repr=False)
+
+    @cached_property
+    def normalized(self) -> list[str]:
+        """The normalised text of each document ("" for one with an error); decoded on first use."""
+        texts = [""] * len(self.errors)
+        decoded = [text for part in self._normalized_parts for text in part.texts()]
+        for index, text in zip(self._usable, decoded, strict=True):
+            texts[index] = text
+        return texts
+
+
+class Fingerprinter:
+    """Normalise, extract features and SimHash batches of texts; options are :class:`FingerprintSettings`."""
+
+    def __init__(self, **options: Any) -> None:
+        self.settings = FingerprintSettings(**options)
+        self.width = self.settings.width
+        self.normalizer = Normalizer(self.settings.normalize)
+        # A segmented fingerprint takes its bits from each feature's 64-bit hash, so wider digests are waste.
+        digest_width = self.width if self.settings.segments == 1 else 64
+        self.extractor = FeatureExtractor(
+            self._normalized_keys(self.settings.features), self.settings.hash, self.settings.seed, width=digest_width
+        )
+
+    @classmethod
+    def from_settings(cls, settings: FingerprintSettings) -> Fingerprinter:
+        return cls(**settings.model_dump())
+
+    def fingerprint(self, texts: Sequence[str]) -> np.ndarray:
+        """uint64 array (len(texts), width // 64)."""
+        return self.fingerprint_batch(texts).fingerprints
+
+    def fingerprint_batch(self, texts: Sequence[str]) -> FingerprintBatch:
+        """Fingerprint every text; a text that cannot be used gets an error and an all-zero row, alone."""
+        if isinstance(texts, str | bytes):
+            raise TypeError("texts must be a sequence of texts, not a single text")
+        usable, usable_texts, errors = self._accept(texts)
+        parts: list[FeatureBatch] = []
+        normalized: list[CodePointBatch] = []
+        for first, last in _chunks(np.fromiter(map(len, usable_texts), dtype=np.int64, count=len(usable_texts))):
+            try:
+                normalized.append(self.normalizer.normalize_code_points(usable_texts[first:last]))
+                parts.append(self.extractor.extract_code_points(normalized[-1]))
+            except Exception:
+                del normalized[len(parts) :]
+                # Something in this chunk defeats the batch path: each document alone, so that only the
+                # culprit fails.
+                for index in range(first, last):
+                    try:
+                        normalized.append(self.normalizer.normalize_code_points(usable_texts[index : index + 1]))
+                        parts.append(self.extractor.extract_code_points(normalized[-1]))
+                    except Exception as exc:
+                        del normalized[len(parts) :]
+                        errors[usable[index]] = f"could not fingerprint this text: {type(exc).__name__}: {exc}"
+                        normalized.append(CodePointBatch.from_texts([""]))
+                        parts.append(self.extractor.extract_code_points(normalized[-1]))
+        features = _place(_concatenate(parts, self.extractor.width), usable, len(errors))
+        return FingerprintBatch(
+            fingerprints=self._simhash(features),
+            features=features,
+            errors=tuple(errors),
+            _usable=usable,
+            _normalized_parts=normalized,
+            empty=features.counts == 0,
+        )
+
+    def _simhash(self, features: FeatureBatch) -> np.ndarray:
+        options = self.settings
+        if options.segments == 1:
+            return simhash_from_features(features)
+        return segmented_simhash(
+            features,
+            self.width,
+            options.segments,
+            min_features=options.segment_min_features,
+            sample=options.segment_sample,
+        )
+
+    def _accept(self, texts: Sequence[Any]) -> tuple[list[int], list[str], list[str | None]]:
+        """Indices and texts (cut to ``max_text_chars``) of the usable documents, and an error per document."""
+        limit = self.settings.max_text_chars
+        texts = list(texts)
+        if all(type(text) is str for text in texts):
+            # The common case, without a Python step per document beyond the type check.
+            if texts and max(map(len, texts)) > limit:
+                texts = [text[:limit] for text in texts]
+            return list(range(len(texts))), texts, [None] * len(texts)
+        usable: list[int] = []
+        usable_texts: list[str] = []
+        errors: list[str | None] = []
+        for index, text in enumerate(texts):
+            error = None
+            if isinstance(text, bytes):
+                try:
+                    text = text.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    error = f"text is not valid UTF-8: {exc.reason} at byte {exc.start}"
+            elif not isinstance(text, str):
+                error = f"text must be str, got {type(text).__name__}"
+            errors.append(error)
+            if error is None:
+                usable.append(index)
+                usable_texts.append(text[:limit])
+        return usable, usable_texts, errors
+
+    def _normalized_keys(self, features: FeatureSettings) -> FeatureSettings:
+        """Vocabulary keys and excludes normalised like the texts, so ``Breaking`` matches ``BREAKING``."""
+        keys = self.normalizer.normalize(list(features.vocabulary))
+        vocabulary = dict(zip(keys, features.vocabulary.values(), strict=True))
+        excludes = [token for token in self.normalizer.normalize(features.excludes) if token]
+        vocabulary.pop("", None)
+        return features.model_copy(update={"vocabulary": vocabulary, "excludes": excludes})
+
+
+def _chunks(lengths: np.ndarray) -> list[tuple[int, int]]:
+    """Consecutive [first, last) runs of documents with at most ``_CHUNK_CODE_POINTS`` code points and
+    ``MAX_DOCUMENTS`` documents (a longer document is a run of its own; always at least one run)."""
+    ends = np.cumsum(lengths + 1)
+    chunks: list[tuple[int, int]] = []
+    first = 0
+    while first < len(lengths) or not chunks:
+        budget = (ends[first - 1] if first else 0) + _CHUNK_CODE_POINTS
+        last = int(np.searchsorted(ends, budget, side="right"))
+        last = min(max(last, first + 1), first + MAX_DOCUMENTS, len(lengths))
+        chunks.append((first, last))
+        first = last
+    return chunks
+
+
+def _concatenate(parts: list[FeatureBatch], width: int) -> FeatureBatch:
+    if len(parts) == 1:
+        return parts[0]
+    offsets = [np.zeros(1, dtype=np.int64)]
+    for part in parts:
+        offsets.append(part.offsets[1:] + offsets[-1][-1])
+    return FeatureBatch(
+        hashes=np.concatenate([part.hashes for part in parts]),
+        weights=np.concatenate([part.weights for part in parts]),
+        offsets=np.concatenate(offsets),
+        digests=np.concatenate([part.digests for part in parts]).reshape(-1, width // 64),
+    )
+
+
+def _place(features: FeatureBatch, usable: list[int], total: int) -> FeatureBatch:
+    """Spread the features of the usable documents over all ``total`` documents (the others get none)."""
+    if len(usable) == total:
+        return features
+    counts = np.zeros(total, dtype=np.int64)
+    counts[usable] = features.counts
+    offsets = np.zeros(total + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return FeatureBatch(features.hashes, features.weights, offsets, features.digests)
+
+
+def fingerprint_command(
+    text: str | None,
+    path: str | Path | None,
+    settings: Settings,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """``streamdedup fingerprint``: the hex fingerprint of ``text``, or one line per record of the JSONL
+    file ``path`` (records decoded as the service does; a record that cannot be fingerprinted prints ``-``
+    and its reason goes to ``err``). Returns the exit status: 1 when some record failed, 2 on bad usage."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if text is not None and path is None:
+        fingerprinter = Fingerprinter.from_settings(settings.fingerprint)
+        print(fingerprint_hex(fingerprinter.fingerprint([text]))[0], file=out)
+        return 0
+    if path is None or text is not None:
+        print("streamdedup fingerprint: give either a text or --file", file=err)
+        return 2
+    fingerprinter = Fingerprinter.from_settings(settings.fingerprint)
+    decoder = DocumentDecoder(settings.input)
+    failed = False
+    with open(path, "rb") as lines:
+        while batch := list(islice(lines, _COMMAND_BATCH)):
+            decoded = [decoder.decode(line.rstrip(b"\r\n"), default_id="", timestamp=0.0) for line in batch]
+            texts = [each.text if isinstance(each, Document) else None for each in decoded]
+            result = fingerprinter.fingerprint_batch(texts)
+            for each, hex_value, error in zip(decoded, fingerprint_hex(result.fingerprints), result.errors, strict=True):
+                if isinstance(each, DeadLetter) or error is not None:
+                    failed = True
+                    reason = f"{each.reason}: {each.detail}" if isinstance(each, DeadLetter) else error
+                    print(f"streamdedup fingerprint: record skipped: {reason}", file=err)
+                    hex_value = "-"
+                print(hex_value, file=out)
+    return 1 if failed else 0

@@ -1,0 +1,1032 @@
+"""The persistent LMDB segment index: Hamming-near lookup over many tables, bounded, crash-safe.
+
+Layout (one LMDB environment, names in ``streamdedup.names``):
+
+- ``table-<i>`` (dupsort + dupfixed): key = the plan's key bits of the fingerprint, value = the rest of the
+  64-bit fold (on 64-bit fingerprints the fingerprint itself minus its key bits), so a bucket reads as one
+  packed array and a candidate is checked by one XOR + popcount.
+- ``folds`` (dupsort + dupfixed): fold -> entry sequence numbers (table values name a fold, not an entry,
+  which keeps tables at ~8 bytes per entry).
+- ``entries``: sequence (big-endian, monotonic, appended) -> record (fingerprint, event time, origin,
+  payload, id). ``ids``: id -> sequence. ``times``: (time bucket, first sequence of a batch) -> that batch's
+  sequences in the bucket as (start, stop) runs: one row per batch, and expiry and eviction read only the
+  oldest rows. ``origins``: (topic, partition, offset) -> sequence, for rollback. ``sources``: (topic,
+  partition) -> next offset. ``topics``: topic name -> small id. ``meta``: plan, format, counters.
+
+Every batch is one write transaction: the entries, their table rows and the source offsets commit together
+or not at all, so a crash at any moment leaves exactly the committed batches.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import math
+import os
+import shutil
+import time as wallclock
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lmdb
+import numpy as np
+
+from .. import names
+from ..settings import IndexSettings
+from .plan import IndexPlan, PlanError, fold, gather_bits, make_plan, make_segment_plan, scatter_bits, unpack_bits
+
+__all__ = ["EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex"]
+
+FORMAT_VERSION = 1
+NO_TOPIC = 0xFFFFFFFF
+MAX_ID_KEY_BYTES = 480  # LMDB keys stop at 511 bytes; longer ids are keyed by their BLAKE2b digest.
+_META_FORMAT = b"format"
+_META_NEXT_SEQ = b"next_seq"
+_META_COUNT = b"count"
+_META_CLOCK = b"clock"
+_META_NEXT_TOPIC = b"next_topic"
+_U64 = np.dtype(">u8")
+_T = TypeVar("_T")
+
+
+class IndexStorageError(RuntimeError):
+    """A batch could not be stored (disk full, map at its limit); nothing committed before it is lost."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Flat matches, sorted by (row, distance, insertion order): query row, entry key, Hamming distance."""
+
+    rows: np.ndarray
+    entries: np.ndarray
+    distances: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(frozen=True)
+class EntryRecords:
+    """Stored entries in bulk, in the order asked for (entry keys that no longer exist are skipped)."""
+
+    entries: np.ndarray
+    ids: list[str]
+    fingerprints: np.ndarray
+    times: np.ndarray
+    payloads: np.ndarray
+    origins: list[tuple[str, int, int] | None]
+
+
+def _seq_bytes(seqs: np.ndarray) -> list[bytes]:
+    return np.ascontiguousarray(seqs, dtype=_U64).view("V8").tolist()
+
+
+def _int_bytes(ints: np.ndarray, width: int) -> list[bytes]:
+    """uint64 -> its last ``width`` big-endian bytes each (keys and values as LMDB stores them)."""
+    raw = np.ascontiguousarray(ints, dtype=_U64).view(np.uint8).reshape(-1, 8)[:, 8 - width :]
+    return np.ascontiguousarray(raw).view(f"V{width}").ravel().tolist()
+
+
+def _bytes_int(rows: np.ndarray) -> np.ndarray:
+    """(n, <=8) big-endian byte rows -> uint64 (the inverse of _int_bytes)."""
+    width = rows.shape[1]
+    if width == 8:
+        return rows.copy().view(_U64).ravel().astype(np.uint64)
+    padded = np.zeros((len(rows), 8), dtype=np.uint8)
+    padded[:, 8 - width :] = rows
+    return padded.view(_U64).ravel().astype(np.uint64)
+
+
+def _orderable_time(times: np.ndarray) -> np.ndarray:
+    """float64 -> uint64 whose unsigned order is the float order (negative times included)."""
+    raw = np.ascontiguousarray(times, dtype=np.float64).view(np.uint64)
+    negative = (raw >> np.uint64(63)).astype(bool)
+    return np.where(negative, ~raw, raw | np.uint64(1 << 63))
+
+
+def _group_expand(unique_keys: np.ndarray, inverse: np.ndarray, found_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Join queries to found rows sharing their key, without Python loops.
+
+    ``unique_keys`` are the sorted distinct query keys, ``inverse`` maps each query to its key, and
+    ``found_keys`` are the keys of the rows getmulti returned: grouped by key, in ``unique_keys`` order.
+    Returns (query index, found row index) for every query x row pair with the same key.
+    """
+    if not len(found_keys):
+        return np.zeros(0, np.intp), np.zeros(0, np.intp)
+    group_starts = np.flatnonzero(np.concatenate([[True], found_keys[1:] != found_keys[:-1]]))
+    sizes = np.diff(np.append(group_starts, len(found_keys)))
+    slot = np.searchsorted(unique_keys, found_keys[group_starts])
+    if len(unique_keys) == len(inverse):
+        # Every query has a key of its own (the usual case): each found row belongs to one query.
+        query_of_key = np.empty(len(inverse), dtype=np.intp)
+        query_of_key[inverse] = np.arange(len(inverse))
+        return query_of_key[np.repeat(slot, sizes)], np.arange(len(found_keys))
+    counts = np.zeros(len(unique_keys), dtype=np.intp)
+    starts = np.zeros(len(unique_keys), dtype=np.intp)
+    counts[slot], starts[slot] = sizes, group_starts
+    per_query = counts[inverse]
+    total = int(per_query.sum())
+    queries = np.repeat(np.arange(len(inverse)), per_query)
+    first = np.repeat(starts[inverse] - (np.cumsum(per_query) - per_query), per_query)
+    return queries, first + np.arange(total)
+
+
+class SegmentIndex:
+    """Hamming-near lookup of fingerprints, persistent in LMDB. One writer process, any number of readers."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        bits: int | None = 64,
+        radius: int | None = 3,
+        *,
+        expected_entries: int = 1_000_000,
+        max_age: float | None = None,
+        max_entries: int | None = None,
+        payload_bytes: int | None = 0,
+        plan: IndexPlan | None = None,
+        max_tables: int = 16,
+        time_bucket: float = 3600.0,
+        map_size: int = 1 << 30,
+        max_map_size: int | None = None,
+        sync: bool = True,
+        readonly: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.max_age = max_age
+        self.max_entries = max_entries
+        self.readonly = readonly
+        self._max_map_size = max_map_size
+        if not readonly:
+            self.path.mkdir(parents=True, exist_ok=True)
+        elif not (self.path / "data.mdb").exists():
+            raise FileNotFoundError(f"no index at {self.path}")
+        self.env = lmdb.open(
+            str(self.path),
+            map_size=map_size,
+            max_dbs=64,
+            readonly=readonly,
+            sync=sync,
+            metasync=sync,
+            readahead=False,
+            subdir=True,
+        )
+        try:
+            self._open(bits, radius, expected_entries, payload_bytes, plan, max_tables, time_bucket)
+        except BaseException:
+            self.env.close()
+            raise
+
+    @classmethod
+    def from_settings(
+        cls, settings: IndexSettings, *, bits: int | None, payload_bytes: int | None, path: str | os.PathLike[str] | None = None,
+        readonly: bool = False, segments: int = 1,
+    ) -> SegmentIndex:
+        """The index an ``index:`` config section describes (at ``settings.path`` unless ``path`` is given);
+        ``segments`` > 1 (a segmented fingerprint) takes one table per segment."""
+        plan = None
+        if segments > 1 and not readonly and bits is not None:
+            plan = make_segment_plan(bits, segments, settings.radius, expected_entries=settings.expected_entries)
+        radius = None if readonly else (bits if settings.radius is None else settings.radius)
+        return cls(
+            settings.path if path is None else path,
+            bits,
+            radius,
+            plan=plan,
+            expected_entries=settings.expected_entries,
+            max_age=settings.max_age_seconds,
+            max_entries=settings.max_entries,
+            payload_bytes=payload_bytes,
+            max_tables=settings.max_tables,
+            time_bucket=settings.time_bucket_seconds,
+            map_size=settings.map_size_bytes,
+            max_map_size=settings.max_map_size_bytes,
+            sync=settings.sync,
+            readonly=readonly,
+        )
+
+    # ----------------------------------------------------------------- opening
+
+    def _open(
+        self,
+        bits: int | None,
+        radius: int | None,
+        expected_entries: int,
+        payload_bytes: int | None,
+        plan: IndexPlan | None,
+        max_tables: int,
+        time_bucket: float,
+    ) -> None:
+        self._meta = self._db(names.INDEX_DB_META)
+        with self._read() as txn:
+            stored = txn.get(_META_FORMAT, db=self._meta) if self._meta is not None else None
+        if stored is None:
+            if self.readonly:
+                raise PlanError(f"{self.path} holds no segment index")
+            if bits is None or radius is None:
+                raise PlanError("bits and radius are required to create an index")
+            if plan is None:
+                plan = make_plan(bits, radius, expected_entries, max_tables=max_tables)
+            fmt = {
+                "version": FORMAT_VERSION,
+                "plan": json.loads(plan.to_json()),
+                "payload_bytes": int(payload_bytes or 0),
+                "time_bucket": float(time_bucket),
+            }
+            with self.env.begin(write=True) as txn:
+                txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=self._meta)
+        else:
+            fmt = json.loads(stored)
+            if fmt["version"] != FORMAT_VERSION:
+                raise PlanError(f"{self.path}: index format {fmt['version']}, this code reads {FORMAT_VERSION}")
+        self.plan = IndexPlan.from_json(json.dumps(fmt["plan"]))
+        self.payload_bytes = int(fmt["payload_bytes"])
+        self.time_bucket = float(fmt["time_bucket"])
+        self._check_compatible(bits, radius, payload_bytes, plan)
+        self.bits = self.plan.bits
+        # Segment plans leave an all-zero segment unkeyed: it stands for "too few features", not a value.
+        self._unkeyed_zero = self.plan.kind == "segments"
+        self.radius = self.plan.radius
+        self.words = self.bits // 64
+        self._open_dbs()
+        self._prepare_layout()
+
+    def _check_compatible(
+        self, bits: int | None, radius: int | None, payload_bytes: int | None, plan: IndexPlan | None
+    ) -> None:
+        stored = self.plan
+        problems = []
+        if bits is not None and bits != stored.bits:
+            problems.append(f"bits {bits} (stored {stored.bits})")
+        if radius is not None and radius != stored.radius:
+            problems.append(f"radius {radius} (stored {stored.radius})")
+        if payload_bytes is not None and payload_bytes != self.payload_bytes:
+            problems.append(f"payload_bytes {payload_bytes} (stored {self.payload_bytes})")
+        if plan is not None and not plan.same_lookup(stored):
+            problems.append("a different table plan")
+        if problems:
+            raise PlanError(
+                f"index at {self.path} is incompatible with the requested {', '.join(problems)}; "
+                "open it with the stored settings, or export/import it into a new index"
+            )
+
+    def _db(self, name: str, **flags: Any) -> Any:
+        try:
+            return self.env.open_db(name.encode(), create=not self.readonly, **flags)
+        except lmdb.NotFoundError:
+            return None
+
+    def _open_dbs(self) -> None:
+        fixed = {"dupsort": True, "dupfixed": True}
+        self._tables = [self._db(f"{names.INDEX_DB_TABLE_PREFIX}{t}", **fixed) for t in range(len(self.plan.tables))]
+        self._folds = self._db(names.INDEX_DB_FOLDS, **fixed)
+        self._times = self._db(names.INDEX_DB_TIMES)
+        self._entries = self._db(names.INDEX_DB_ENTRIES)
+        self._ids = self._db(names.INDEX_DB_IDS)
+        self._origins = self._db(names.INDEX_DB_ORIGINS)
+        self._sources = self._db(names.INDEX_DB_SOURCES)
+        self._topics = self._db(names.INDEX_DB_TOPICS)
+        missing = [db for db in (*self._tables, self._folds, self._entries) if db is None]
+        if missing:
+            raise PlanError(f"{self.path}: index databases missing; is it a streamdedup index?")
+
+    def _prepare_layout(self) -> None:
+        plan = self.plan
+        self._key_positions = [np.array(key, dtype=np.intp) for key in plan.tables]
+        self._value_positions = [np.array(plan.value_bits(t), dtype=np.intp) for t in range(len(plan.tables))]
+        self._key_bytes = [math.ceil(len(k) / 8) for k in self._key_positions]
+        self._value_bytes = [math.ceil(len(v) / 8) for v in self._value_positions]
+        self._record = np.dtype(
+            [
+                ("fp", "<u8", (self.words,)),
+                ("time", "<f8"),
+                ("topic", "<u4"),
+                ("partition", "<i4"),
+                ("offset", "<i8"),
+                ("payload", "u1", (self.payload_bytes,)),
+            ]
+        )
+
+    # ----------------------------------------------------------------- transactions
+
+    def _read(self) -> Any:
+        try:
+            return self.env.begin(write=False, buffers=False)
+        except lmdb.MapResizedError:
+            # The writer grew the map since we opened: adopt its size and retry.
+            self.env.set_mapsize(0)
+            return self.env.begin(write=False, buffers=False)
+
+    def _write(self, work: Callable[[Any], _T]) -> _T:
+        """Run ``work(txn)`` in one write transaction; on a full map grow it and redo the whole batch."""
+        if self.readonly:
+            raise PermissionError(f"index at {self.path} is open read-only")
+        while True:
+            try:
+                with _collector_paused():
+                    txn = self.env.begin(write=True)
+                    try:
+                        result = work(txn)
+                    except BaseException:
+                        txn.abort()
+                        raise
+                    try:
+                        txn.commit()
+                    except lmdb.MapFullError:
+                        raise
+                    except lmdb.Error as exc:
+                        # The commit could not write its pages (disk full, I/O error): LMDB keeps the
+                        # previous meta page, so every earlier batch stays intact.
+                        raise IndexStorageError(f"batch not stored: {exc}") from exc
+                    return result
+            except lmdb.MapFullError:
+                size = self.env.info()["map_size"]
+                if self._max_map_size is not None and size >= self._max_map_size:
+                    raise IndexStorageError(
+                        f"index map is full at max_map_size={self._max_map_size} bytes; batch not stored"
+                    ) from None
+                grown = size * 2 if self._max_map_size is None else min(size * 2, self._max_map_size)
+                self.env.set_mapsize(grown)
+
+    # ----------------------------------------------------------------- encoding
+
+    def _check_fps(self, fps: np.ndarray) -> np.ndarray:
+        fps = np.asarray(fps)
+        if fps.ndim == 1 and self.words == 1:
+            fps = fps.reshape(-1, 1)
+        if fps.ndim != 2 or fps.shape[1] != self.words:
+            raise ValueError(f"fingerprints must have shape (n, {self.words}) for {self.bits}-bit index, got {fps.shape}")
+        if fps.dtype != np.uint64:
+            raise ValueError(f"fingerprints must be uint64, got {fps.dtype}")
+        return np.ascontiguousarray(fps)
+
+    def _table_rows(self, fps: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        """Per table: keys and values as right-aligned uint64; plus the folds."""
+        folds = fold(fps)
+        shared = unpack_bits(fps) if self.plan.kind == "sampled" else None
+        keys = [gather_bits(fps, key, shared) for key in self.plan.tables]
+        if self.words > 1:
+            return keys, [folds] * len(keys), folds
+        values = [gather_bits(fps, self.plan.value_bits(t), shared) for t in range(len(keys))]
+        return keys, values, folds
+
+    def _folds_from_rows(self, table: int, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Rebuild the 64-bit folds of table rows (the inverse of the key/value split)."""
+        if self.words > 1:
+            return values
+        return scatter_bits(keys, self.plan.tables[table]) | scatter_bits(values, self.plan.value_bits(table))
+
+    def _key_list(self, table: int, keys: list[np.ndarray]) -> list[bytes]:
+        return _int_bytes(keys[table], self._key_bytes[table])
+
+    def _value_list(self, table: int, values: list[np.ndarray]) -> list[bytes]:
+        return _int_bytes(values[table], self._value_bytes[table])
+
+    @staticmethod
+    def _id_keys(id_bytes: list[bytes]) -> list[bytes]:
+        if max(map(len, id_bytes), default=0) <= MAX_ID_KEY_BYTES:
+            return id_bytes
+        return [b if len(b) <= MAX_ID_KEY_BYTES else b"\xff#" + hashlib.blake2b(b, digest_size=32).digest() for b in id_bytes]
+
+    # ----------------------------------------------------------------- lookup
+
+    def _search(self, txn: Any, fps: np.ndarray, min_time: float | None) -> tuple[SearchResult, EntryRecords | None]:
+        n = len(fps)
+        empty = SearchResult(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
+        if n == 0:
+            return empty, None
+        radius = self.radius
+        keys, values, qfolds = self._table_rows(fps)
+        found_rows, found_folds = [], []
+        for table, db in enumerate(self._tables):
+            kb, vb = self._key_bytes[table], self._value_bytes[table]
+            unique_keys, inverse = np.unique(keys[table], return_inverse=True)
+            probed = unique_keys[unique_keys != 0] if self._unkeyed_zero else unique_keys
+            with txn.cursor(db) as cursor:
+                raw = cursor.getmulti(_int_bytes(probed, kb), dupdata=True, dupfixed_bytes=vb, keyfixed=True)
+            if not len(raw):
+                continue
+            if kb + vb == 8:
+                # Key and value fill one big-endian word: split it with a shift and a mask.
+                whole = np.frombuffer(raw, dtype=_U64).astype(np.uint64)
+                found_keys, stored = whole >> np.uint64(8 * vb), whole & np.uint64((1 << (8 * vb)) - 1)
+            else:
+                rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, kb + vb)
+                found_keys, stored = _bytes_int(rows[:, :kb]), _bytes_int(rows[:, kb:])
+            qi, ri = _group_expand(unique_keys, inverse, found_keys)
+            near = np.bitwise_count(stored[ri] ^ values[table][qi]) <= radius
+            qi, ri = qi[near], ri[near]
+            found_rows.append(qi)
+            found_folds.append(self._folds_from_rows(table, found_keys[ri], stored[ri]))
+        if not found_rows:
+            return empty, None
+        qi = np.concatenate(found_rows)
+        folds_found = np.concatenate(found_folds)
+        if not len(qi):
+            return empty, None
+        # A pair found through several tables counts once.
+        order = np.lexsort((folds_found, qi))
+        qi, folds_found = qi[order], folds_found[order]
+        first = np.concatenate([[True], (qi[1:] != qi[:-1]) | (folds_found[1:] != folds_found[:-1])])
+        qi, folds_found = qi[first].astype(np.int64), folds_found[first]
+        unique_folds, inverse = np.unique(folds_found, return_inverse=True)
+        with txn.cursor(self._folds) as cursor:
+            raw = cursor.getmulti(_seq_bytes(unique_folds), dupdata=True, dupfixed_bytes=8, keyfixed=True)
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 16)
+        pair, ri = _group_expand(unique_folds, inverse, rows[:, :8].copy().view(_U64).ravel().astype(np.uint64))
+        rows_q = qi[pair]
+        seqs = rows[ri, 8:].copy().view(_U64).ravel().astype(np.uint64)
+        records = None
+        if self.words == 1:
+            distances = np.bitwise_count(folds_found[pair] ^ fps[rows_q, 0]).astype(np.int64)
+        if self.words > 1 or min_time is not None:
+            records = self._records(txn, np.unique(seqs))
+            slot = np.searchsorted(records.entries, seqs)
+            present = slot < len(records.entries)
+            present[present] = records.entries[slot[present]] == seqs[present]
+            rows_q, seqs, slot = rows_q[present], seqs[present], slot[present]
+            if self.words == 1:
+                distances = distances[present]
+            else:
+                distances = np.bitwise_count(records.fingerprints[slot] ^ fps[rows_q]).sum(axis=1).astype(np.int64)
+            keep = distances <= radius
+            if min_time is not None:
+                keep &= records.times[slot] >= min_time
+            rows_q, seqs, distances = rows_q[keep], seqs[keep], distances[keep]
+        order = np.lexsort((seqs, distances, rows_q))
+        return SearchResult(rows_q[order], seqs[order], distances[order]), records
+
+    def _fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Raw records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
+        seqs = np.unique(np.asarray(seqs, dtype=np.uint64))
+        with txn.cursor(self._entries) as cursor:
+            found = cursor.getmulti(_seq_bytes(seqs))
+        size = self._record.itemsize
+        entries = np.frombuffer(b"".join(k for k, _ in found), dtype=_U64).astype(np.uint64)
+        head = np.frombuffer(b"".join(v[:size] for _, v in found), dtype=self._record)
+        return entries, head, [v[size:].decode() for _, v in found]
+
+    def _records(self, txn: Any, seqs: np.ndarray) -> EntryRecords:
+        """Records of the given entry keys, sorted by key (missing keys skipped)."""
+        entries, head, ids = self._fetch(txn, seqs)
+        topics = self._topic_names(txn) if len(head) and (head["topic"] != NO_TOPIC).any() else {}
+        origins = [
+            None if t == NO_TOPIC else (topics[t], int(p), int(o))
+            for t, p, o in zip(head["topic"].tolist(), head["partition"].tolist(), head["offset"].tolist())
+        ]
+        return EntryRecords(
+            entries,
+            ids,
+            head["fp"].reshape(len(head), self.words).astype(np.uint64),
+            head["time"].astype(np.float64),
+            head["payload"].reshape(len(head), self.payload_bytes).copy(),
+            origins,
+        )
+
+    def _topic_names(self, txn: Any) -> dict[int, str]:
+        with txn.cursor(self._topics) as cursor:
+            return {int.from_bytes(v, "big"): k.decode() for k, v in cursor}
+
+    def search(self, fps: np.ndarray, *, min_time: float | None = None) -> SearchResult:
+        """All stored entries within the radius of each query, as flat arrays (see SearchResult)."""
+        fps = self._check_fps(fps)
+        with self._read() as txn:
+            return self._search(txn, fps, min_time)[0]
+
+    def entries(self, keys: np.ndarray) -> EntryRecords:
+        """Ids, fingerprints, times, payloads and origins of entry keys from ``search``, in bulk."""
+        keys = np.asarray(keys, dtype=np.uint64)
+        with self._read() as txn:
+            records = self._records(txn, keys)
+        slot = np.searchsorted(records.entries, keys)
+        present = slot < len(records.entries)
+        present[present] = records.entries[slot[present]] == keys[present]
+        return _reorder(records, slot[present])
+
+    def query(self, fps: np.ndarray, *, min_time: float | None = None) -> list[list[tuple[str, int]]]:
+        """Per query, ``[(id, distance), ...]`` nearest first, ties in insertion order."""
+        fps = self._check_fps(fps)
+        with self._read() as txn:
+            result, records = self._search(txn, fps, min_time)
+            if records is None:
+                records = self._records(txn, result.entries)
+        return self._group(len(fps), result, records)
+
+    def _group(self, n: int, result: SearchResult, records: EntryRecords) -> list[list[tuple[str, int]]]:
+        slot = np.searchsorted(records.entries, result.entries)
+        out: list[list[tuple[str, int]]] = [[] for _ in range(n)]
+        for row, s, distance in zip(result.rows.tolist(), slot.tolist(), result.distances.tolist()):
+            out[row].append((records.ids[s], distance))
+        return out
+
+    # ----------------------------------------------------------------- writing
+
+    def add(
+        self,
+        ids: Sequence[str],
+        fps: np.ndarray,
+        *,
+        times: Sequence[float] | np.ndarray | None = None,
+        payloads: Sequence[bytes] | np.ndarray | None = None,
+        origins: Sequence[tuple[str, int, int] | None] | None = None,
+        source_offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> None:
+        """Store a batch (and the source offsets after it) in ONE write transaction; a re-added id replaces."""
+        batch = self._batch(ids, fps, times, payloads, origins)
+        self._write(lambda txn: self._add_in(txn, batch, source_offsets))
+
+    def query_insert(
+        self,
+        ids: Sequence[str],
+        fps: np.ndarray,
+        *,
+        times: Sequence[float] | np.ndarray | None = None,
+        payloads: Sequence[bytes] | np.ndarray | None = None,
+        origins: Sequence[tuple[str, int, int] | None] | None = None,
+        source_offsets: Mapping[tuple[str, int], int] | None = None,
+        min_time: float | None = None,
+    ) -> list[list[tuple[str, int]]]:
+        """Look up each document against stored entries and the earlier *kept* documents of the batch; store
+        the documents without a match. One write transaction. Returns the matches as ``query`` does.
+
+        Only kept documents count as earlier matches, so verdicts do not depend on batch boundaries.
+        A stored entry with the document's own id is ignored: a replayed document is not its own duplicate.
+        """
+        batch = self._batch(ids, fps, times, payloads, origins)
+        return self._write(lambda txn: self._query_insert_in(txn, batch, source_offsets, min_time))
+
+    def _batch(self, ids, fps, times, payloads, origins) -> dict[str, Any]:
+        fps = self._check_fps(fps)
+        n = len(fps)
+        ids = list(ids)
+        if len(ids) != n:
+            raise ValueError(f"{len(ids)} ids for {n} fingerprints")
+        try:
+            id_bytes = list(map(str.encode, ids))
+        except TypeError:
+            bad = [i for i, x in enumerate(ids) if not isinstance(x, str)]
+            raise ValueError(f"ids must be strings; rows {bad[:10]} are not") from None
+        if n and min(map(len, id_bytes)) == 0:
+            raise ValueError(f"ids must be non-empty; rows {[i for i, b in enumerate(id_bytes) if not b][:10]} are empty")
+        if times is None:
+            times = np.full(n, wallclock.time())
+        times = np.asarray(times, dtype=np.float64).reshape(-1)
+        if len(times) != n or not np.isfinite(times).all():
+            raise ValueError("times must be one finite event time per fingerprint")
+        payload_rows = np.zeros((n, self.payload_bytes), dtype=np.uint8)
+        if payloads is not None:
+            if isinstance(payloads, np.ndarray):
+                if payloads.shape != (n, self.payload_bytes):
+                    raise ValueError(f"payloads must have shape ({n}, {self.payload_bytes}), got {payloads.shape}")
+                payload_rows[:] = payloads
+            else:
+                payloads = list(payloads)
+                too_long = [i for i, p in enumerate(payloads) if len(p) > self.payload_bytes]
+                if len(payloads) != n or too_long:
+                    raise ValueError(f"need {n} payloads of at most {self.payload_bytes} bytes (bad rows {too_long[:10]})")
+                for i, p in enumerate(payloads):
+                    payload_rows[i, : len(p)] = np.frombuffer(bytes(p), dtype=np.uint8)
+        origins = list(origins) if origins is not None else [None] * n
+        if len(origins) != n:
+            raise ValueError(f"{len(origins)} origins for {n} fingerprints")
+        return {"ids": ids, "id_bytes": id_bytes, "fps": fps, "times": times, "payloads": payload_rows, "origins": origins}
+
+    def _counter(self, txn: Any, key: bytes) -> int:
+        raw = txn.get(key, db=self._meta)
+        return int.from_bytes(raw, "big") if raw else 0
+
+    def _topic_ids(self, txn: Any, topics: Iterable[str]) -> dict[str, int]:
+        out = {}
+        for topic in set(topics):
+            raw = txn.get(topic.encode(), db=self._topics)
+            if raw is None:
+                topic_id = self._counter(txn, _META_NEXT_TOPIC)
+                txn.put(_META_NEXT_TOPIC, (topic_id + 1).to_bytes(8, "big"), db=self._meta)
+                raw = topic_id.to_bytes(4, "big")
+                txn.put(topic.encode(), raw, db=self._topics)
+            out[topic] = int.from_bytes(raw, "big")
+        return out
+
+    def _add_in(self, txn: Any, batch: dict[str, Any], source_offsets: Mapping[tuple[str, int], int] | None) -> None:
+        ids: list[str] = batch["ids"]
+        n = len(ids)
+        if n:
+            if len(set(ids)) != n:
+                # The last occurrence of an id in a batch wins, like a re-add in a later batch.
+                last = {x: i for i, x in enumerate(ids)}
+                batch = _subset(batch, np.array(sorted(last.values()), dtype=np.intp))
+                ids = batch["ids"]
+            id_bytes = batch["id_bytes"]
+            id_keys = self._id_keys(id_bytes)
+            with txn.cursor(self._ids) as cursor:
+                existing = cursor.getmulti(id_keys)
+            if existing:
+                self._remove_in(txn, np.frombuffer(b"".join(v for _, v in existing), dtype=_U64).astype(np.uint64))
+            self._insert_in(txn, batch, id_bytes, id_keys)
+            clock = max(float(batch["times"].max()), self._clock(txn))
+            txn.put(_META_CLOCK, np.float64(clock).tobytes(), db=self._meta)
+            if self.max_age is not None:
+                self._expire_in(txn, clock - self.max_age)
+            if self.max_entries is not None:
+                # Stale keys (entries already removed by id) make a round remove fewer than asked; go on.
+                excess = self._counter(txn, _META_COUNT) - self.max_entries
+                while excess > 0:
+                    popped = self._pop_oldest(txn, excess, None)
+                    if not len(popped):
+                        break
+                    excess -= self._remove_in(txn, popped)
+        if source_offsets:
+            self._put_sources(txn, source_offsets)
+
+    def _insert_in(self, txn: Any, batch: dict[str, Any], id_bytes: list[bytes], id_keys: list[bytes]) -> None:
+        fps, times, origins = batch["fps"], batch["times"], batch["origins"]
+        n = len(fps)
+        first_seq = self._counter(txn, _META_NEXT_SEQ)
+        seqs = np.arange(first_seq, first_seq + n, dtype=np.uint64)
+        seq_keys = _seq_bytes(seqs)
+        head = np.zeros(n, dtype=self._record)
+        head["fp"] = fps.reshape(n, self.words)
+        head["time"] = times
+        head["topic"] = NO_TOPIC
+        head["payload"] = batch["payloads"].reshape(n, self.payload_bytes)
+        with_origin = [i for i, o in enumerate(origins) if o is not None]
+        if with_origin:
+            topic_ids = self._topic_ids(txn, (origins[i][0] for i in with_origin))
+            rows = np.array(with_origin, dtype=np.intp)
+            head["topic"][rows] = [topic_ids[origins[i][0]] for i in with_origin]
+            head["partition"][rows] = [origins[i][1] for i in with_origin]
+            head["offset"][rows] = [origins[i][2] for i in with_origin]
+            with txn.cursor(self._origins) as cursor:
+                cursor.putmulti(zip(self._origin_keys(head[rows]), (seq_keys[i] for i in with_origin)))
+        heads = head.view(f"V{self._record.itemsize}").tolist()
+        with txn.cursor(self._entries) as cursor:
+            cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads, id_bytes)), append=True)
+        with txn.cursor(self._ids) as cursor:
+            cursor.putmulti(zip(id_keys, seq_keys))
+        keys, values, folds = self._table_rows(fps)
+        # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
+        order = np.argsort(folds)
+        with txn.cursor(self._folds) as cursor:
+            cursor.putmulti(zip(_seq_bytes(folds[order]), _seq_bytes(seqs[order])))
+        for table, db in enumerate(self._tables):
+            key = keys[table]
+            # Keys of 16 bits or less sort by radix in numpy (stable kind): linear, not n log n.
+            order = np.argsort(key.astype(np.uint16), kind="stable") if self._key_bytes[table] <= 2 else np.argsort(key)
+            if self._unkeyed_zero:
+                order = order[key[order] != 0]
+            key_bytes = _int_bytes(keys[table][order], self._key_bytes[table])
+            value_bytes = _int_bytes(values[table][order], self._value_bytes[table])
+            with txn.cursor(db) as cursor:
+                cursor.putmulti(zip(key_bytes, value_bytes))
+        # One row per (time bucket, batch): the batch's entry keys in that bucket as (start, stop) runs.
+        buckets = self._buckets(times)
+        order = np.argsort(buckets, kind="stable")
+        edges = np.flatnonzero(np.diff(buckets[order])) + 1
+        for bucket_rows in np.split(order, edges):
+            members = seqs[bucket_rows]
+            breaks = np.flatnonzero(np.diff(members) != 1) + 1
+            starts = members[np.concatenate([[0], breaks])]
+            stops = members[np.concatenate([breaks - 1, [len(members) - 1]])] + np.uint64(1)
+            key = _seq_bytes(buckets[bucket_rows[:1]])[0] + seq_keys[bucket_rows[0]]
+            txn.put(key, np.stack([starts, stops], axis=1).astype(_U64).tobytes(), db=self._times)
+        txn.put(_META_NEXT_SEQ, int(first_seq + n).to_bytes(8, "big"), db=self._meta)
+        txn.put(_META_COUNT, (self._counter(txn, _META_COUNT) + n).to_bytes(8, "big"), db=self._meta)
+
+    @staticmethod
+    def _origin_keys(head: np.ndarray) -> list[bytes]:
+        """(topic id, partition, offset) big-endian, so one partition's entries sort by offset."""
+        keys = np.zeros(len(head), dtype=[("topic", ">u4"), ("partition", ">u4"), ("offset", ">u8")])
+        keys["topic"], keys["partition"], keys["offset"] = head["topic"], head["partition"], head["offset"]
+        return keys.view("V16").tolist()
+
+    def _buckets(self, times: np.ndarray) -> np.ndarray:
+        return _orderable_time(np.floor(times / self.time_bucket))
+
+    def _clock(self, txn: Any) -> float:
+        raw = txn.get(_META_CLOCK, db=self._meta)
+        return float(np.frombuffer(raw, dtype=np.float64)[0]) if raw else -math.inf
+
+    def _put_sources(self, txn: Any, source_offsets: Mapping[tuple[str, int], int]) -> None:
+        topic_ids = self._topic_ids(txn, (topic for topic, _ in source_offsets))
+        for (topic, partition), offset in source_offsets.items():
+            key = topic_ids[topic].to_bytes(4, "big") + int(partition).to_bytes(4, "big")
+            txn.put(key, int(offset).to_bytes(8, "big"), db=self._sources)
+
+    def _query_insert_in(self, txn, batch, source_offsets, min_time) -> list[list[tuple[str, int]]]:
+        fps, ids, times = batch["fps"], batch["ids"], batch["times"]
+        n = len(fps)
+        result, records = self._search(txn, fps, min_time)
+        if records is None:
+            records = self._records(txn, result.entries)
+        matches = self._group(n, result, records)
+        for row in range(n):
+            if matches[row] and any(found == ids[row] for found, _ in matches[row]):
+                matches[row] = [(found, d) for found, d in matches[row] if found != ids[row]]
+        novel = np.array([not m for m in matches], dtype=bool)
+        earlier, later, distances = self.batch_pairs(fps)
+        if min_time is not None:
+            keep = times[earlier] >= min_time
+            earlier, later, distances = earlier[keep], later[keep], distances[keep]
+        # Resolve in stream order: a document is kept only if no earlier kept document lies within the radius.
+        order = np.lexsort((earlier, distances, later))
+        earlier, later, distances = earlier[order], later[order], distances[order]
+        bounds = np.searchsorted(later, np.arange(n + 1))
+        for row in np.unique(later).tolist():
+            for e, d in zip(earlier[bounds[row] : bounds[row + 1]].tolist(), distances[bounds[row] : bounds[row + 1]].tolist()):
+                if novel[e]:
+                    matches[row].append((ids[e], d))
+            if matches[row]:
+                novel[row] = False
+                matches[row].sort(key=lambda m: m[1])
+        keep = np.flatnonzero(novel)
+        self._add_in(txn, _subset(batch, keep), source_offsets)
+        return matches
+
+    def batch_pairs(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All (earlier, later, distance) row pairs of one batch within the radius, found through the plan's
+        keys in memory (the same guarantee as the stored tables), sorted by (earlier, later)."""
+        fps = self._check_fps(fps)
+        n = len(fps)
+        found_e, found_l = [], []
+        keys, _, _ = self._table_rows(fps)
+        for key in keys:
+            rows = np.flatnonzero(key) if self._unkeyed_zero else np.arange(n)
+            order = rows[np.argsort(key[rows], kind="stable")]
+            sorted_keys = key[order]
+            group_end = np.searchsorted(sorted_keys, sorted_keys, side="right")
+            later_count = group_end - np.arange(len(order)) - 1
+            total = int(later_count.sum())
+            if not total:
+                continue
+            first = np.repeat(np.arange(len(order)), later_count)
+            step = np.arange(total) - np.repeat(np.cumsum(later_count) - later_count, later_count) + 1
+            a, b = order[first], order[first + step]
+            found_e.append(np.minimum(a, b))
+            found_l.append(np.maximum(a, b))
+        if not found_e:
+            return np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
+        pairs = np.unique(np.stack([np.concatenate(found_e), np.concatenate(found_l)], axis=1), axis=0)
+        earlier, later = pairs[:, 0], pairs[:, 1]
+        distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
+        near = distances <= self.radius
+        return earlier[near], later[near], distances[near]
+
+    # ----------------------------------------------------------------- removal and expiry
+
+    def remove(self, ids: Sequence[str]) -> int:
+        """Remove entries by id (unknown ids are ignored); returns how many were removed."""
+        keys = self._id_keys([x.encode() for x in ids])
+
+        def work(txn: Any) -> int:
+            with txn.cursor(self._ids) as cursor:
+                found = cursor.getmulti(keys)
+            seqs = np.frombuffer(b"".join(v for _, v in found), dtype=_U64).astype(np.uint64)
+            return self._remove_in(txn, seqs)
+
+        return self._write(work)
+
+    def expire(self, now: float) -> int:
+        """Remove entries with event time before ``now - max_age``; returns how many were removed."""
+        if self.max_age is None:
+            return 0
+        return self._write(lambda txn: self._expire_in(txn, now - self.max_age))
+
+    def _expire_in(self, txn: Any, cutoff: float) -> int:
+        # Whole buckets go; an entry at most one bucket younger than the cutoff waits for its bucket
+        # (queries pass min_time to hide it meanwhile).
+        return self._remove_in(txn, self._pop_oldest(txn, None, float(np.floor(cutoff / self.time_bucket))))
+
+    def _pop_oldest(self, txn: Any, limit: int | None, before_bucket: float | None) -> np.ndarray:
+        """Take entry keys from the oldest time buckets (insertion order within a bucket): the first
+        ``limit``, or all in buckets before ``before_bucket``. Consumed rows are deleted or trimmed."""
+        end = None if before_bucket is None else _seq_bytes(_orderable_time(np.array([before_bucket])))[0]
+        chunks: list[np.ndarray] = []
+        taken = 0
+        with txn.cursor(self._times) as cursor:
+            moved = cursor.first()
+            while moved and (limit is None or taken < limit):
+                key = cursor.key()
+                if end is not None and key[:8] >= end:
+                    break
+                spans = np.frombuffer(cursor.value(), dtype=_U64).astype(np.uint64).reshape(-1, 2)
+                members = np.concatenate([np.arange(a, b, dtype=np.uint64) for a, b in spans.tolist()])
+                if limit is not None and taken + len(members) > limit:
+                    keep = members[limit - taken :]
+                    members = members[: limit - taken]
+                    breaks = np.flatnonzero(np.diff(keep) != 1) + 1
+                    rest = np.stack([keep[np.concatenate([[0], breaks])], keep[np.concatenate([breaks - 1, [len(keep) - 1]])] + np.uint64(1)], axis=1)
+                    cursor.put(key, rest.astype(_U64).tobytes())
+                    moved = False
+                else:
+                    # delete() steps to the successor; past the last row the cursor holds no key.
+                    cursor.delete()
+                    moved = bool(cursor.key())
+                chunks.append(members)
+                taken += len(members)
+        return np.concatenate(chunks) if chunks else np.zeros(0, np.uint64)
+
+    def _remove_in(self, txn: Any, seqs: np.ndarray) -> int:
+        if not len(seqs):
+            return 0
+        entries, head, ids = self._fetch(txn, seqs)
+        n = len(entries)
+        if not n:
+            return 0
+        seq_keys = _seq_bytes(entries)
+        keys, values, folds = self._table_rows(head["fp"].reshape(n, self.words).astype(np.uint64))
+        fold_keys = _seq_bytes(folds)
+        id_keys = self._id_keys([x.encode() for x in ids])
+        for i in range(n):
+            txn.delete(seq_keys[i], db=self._entries)
+            txn.delete(id_keys[i], db=self._ids)
+            txn.delete(fold_keys[i], seq_keys[i], db=self._folds)
+        for key in self._origin_keys(head[head["topic"] != NO_TOPIC]):
+            txn.delete(key, db=self._origins)
+        # Table rows are shared by entries with the same fold (and key): keep those some survivor still uses.
+        unique_folds = np.unique(folds)
+        with txn.cursor(self._folds) as cursor:
+            survivors = cursor.getmulti(_seq_bytes(unique_folds), dupdata=True, dupfixed_bytes=8, keyfixed=True)
+        survivor_seqs = np.frombuffer(survivors, dtype=np.uint8).reshape(-1, 16)[:, 8:].copy().view(_U64).astype(np.uint64).ravel()
+        kept: list[set[tuple[bytes, bytes]]] = [set() for _ in self._tables]
+        if len(survivor_seqs):
+            s_keys, s_values, _ = self._table_rows(self._records(txn, survivor_seqs).fingerprints)
+            for table in range(len(self._tables)):
+                kept[table] = set(zip(self._key_list(table, s_keys), self._value_list(table, s_values)))
+        for table, db in enumerate(self._tables):
+            for pair in set(zip(self._key_list(table, keys), self._value_list(table, values))) - kept[table]:
+                txn.delete(pair[0], pair[1], db=db)
+        txn.put(_META_COUNT, (self._counter(txn, _META_COUNT) - n).to_bytes(8, "big"), db=self._meta)
+        return n
+
+    # ----------------------------------------------------------------- sources and rollback
+
+    def source_offsets(self) -> dict[tuple[str, int], int]:
+        with self._read() as txn:
+            return self._sources_in(txn)
+
+    def _sources_in(self, txn: Any) -> dict[tuple[str, int], int]:
+        if self._sources is None:
+            return {}
+        topics = self._topic_names(txn)
+        with txn.cursor(self._sources) as cursor:
+            return {
+                (topics[int.from_bytes(k[:4], "big")], int.from_bytes(k[4:], "big")): int.from_bytes(v, "big")
+                for k, v in cursor
+            }
+
+    def rollback(self, offsets: Mapping[tuple[str, int], int]) -> int:
+        """Remove entries whose origin offset >= offsets[(topic, partition)] and reset those source offsets."""
+
+        def work(txn: Any) -> int:
+            topic_ids = self._topic_ids(txn, (topic for topic, _ in offsets))
+            doomed = []
+            with txn.cursor(self._origins) as cursor:
+                for (topic, partition), offset in offsets.items():
+                    prefix = topic_ids[topic].to_bytes(4, "big") + int(partition).to_bytes(4, "big")
+                    moved = cursor.set_range(prefix + int(offset).to_bytes(8, "big"))
+                    while moved and cursor.key()[:8] == prefix:
+                        doomed.append(cursor.value())
+                        moved = cursor.next()
+            removed = self._remove_in(txn, np.frombuffer(b"".join(doomed), dtype=_U64).astype(np.uint64))
+            self._put_sources(txn, offsets)
+            return removed
+
+        return self._write(work)
+
+    # ----------------------------------------------------------------- size, stats, maintenance
+
+    def __len__(self) -> int:
+        with self._read() as txn:
+            return self._counter(txn, _META_COUNT)
+
+    def disk_bytes(self) -> dict[str, int]:
+        """Bytes in use per database, from LMDB's own page counts (not the sparse file size)."""
+        out = {}
+        with self._read() as txn:
+            for name, db in self._named_dbs():
+                stat = txn.stat(db)
+                out[name] = (stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]) * stat["psize"]
+        return out
+
+    def _named_dbs(self) -> list[tuple[str, Any]]:
+        dbs = [(f"{names.INDEX_DB_TABLE_PREFIX}{t}", db) for t, db in enumerate(self._tables)]
+        dbs += [
+            (names.INDEX_DB_FOLDS, self._folds),
+            (names.INDEX_DB_ENTRIES, self._entries),
+            (names.INDEX_DB_IDS, self._ids),
+            (names.INDEX_DB_TIMES, self._times),
+            (names.INDEX_DB_ORIGINS, self._origins),
+            (names.INDEX_DB_SOURCES, self._sources),
+            (names.INDEX_DB_TOPICS, self._topics),
+            (names.INDEX_DB_META, self._meta),
+        ]
+        return [(name, db) for name, db in dbs if db is not None]
+
+    def stats(self) -> dict[str, Any]:
+        disk = self.disk_bytes()
+        with self._read() as txn:
+            count = self._counter(txn, _META_COUNT)
+            clock = self._clock(txn)
+            sources = self._sources_in(txn)
+            with txn.cursor(self._times) as cursor:
+                first_key = cursor.key() if cursor.first() else None
+        table_bytes = sum(v for k, v in disk.items() if k.startswith(names.INDEX_DB_TABLE_PREFIX))
+        return {
+            "path": str(self.path),
+            "entries": count,
+            "plan": self.plan.describe(),
+            "payload_bytes": self.payload_bytes,
+            "max_age": self.max_age,
+            "max_entries": self.max_entries,
+            "newest_time": None if clock == -math.inf else clock,
+            "oldest_bucket_start": None if first_key is None else _bucket_start(first_key, self.time_bucket),
+            "map_size": self.env.info()["map_size"],
+            "disk_bytes": sum(disk.values()),
+            "table_bytes": table_bytes,
+            "table_bytes_per_entry": table_bytes / count if count else None,
+            "other_bytes_per_entry": (sum(disk.values()) - table_bytes) / count if count else None,
+            "disk_bytes_by_db": disk,
+            "source_offsets": {f"{t}:{p}": o for (t, p), o in sorted(sources.items())},
+        }
+
+    def export(self) -> Iterable[dict[str, Any]]:
+        """Every entry in insertion order, as JSON-ready dicts (fingerprint as hex, payload as hex)."""
+        with self._read() as txn, txn.cursor(self._entries) as cursor:
+            keys = cursor.iternext(keys=True, values=False)
+            while chunk := list(islice(keys, 10_000)):
+                records = self._records(txn, np.frombuffer(b"".join(chunk), dtype=_U64).astype(np.uint64))
+                for i, entry_id in enumerate(records.ids):
+                    yield {
+                        "id": entry_id,
+                        "fingerprint": "".join(f"{int(w):016x}" for w in records.fingerprints[i]),
+                        "time": float(records.times[i]),
+                        "origin": list(records.origins[i]) if records.origins[i] else None,
+                        "payload": records.payloads[i].tobytes().hex(),
+                    }
+
+    def compact(self) -> tuple[int, int]:
+        """Rewrite the environment without free pages (LMDB compacting copy); returns file sizes before/after."""
+        before = (self.path / "data.mdb").stat().st_size
+        target = self.path.with_name(self.path.name + ".compact")
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir()
+        self.env.copy(str(target), compact=True)
+        self.env.close()
+        os.replace(target / "data.mdb", self.path / "data.mdb")
+        shutil.rmtree(target)
+        self.env = lmdb.open(str(self.path), max_dbs=64, readahead=False, subdir=True)
+        self._open_dbs_after_reopen()
+        return before, (self.path / "data.mdb").stat().st_size
+
+    def _open_dbs_after_reopen(self) -> None:
+        self._meta = self._db(names.INDEX_DB_META)
+        self._open_dbs()
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __enter__(self) -> SegmentIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic GC for a batch: it would rescan the millions of short-lived key/value objects
+    a batch creates (none of them cyclic) and double the cost of building them."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _bucket_start(key: bytes, width: float) -> float:
+    raw = np.frombuffer(key[:8], dtype=_U64).astype(np.uint64)
+    # Invert _orderable_time: the top bit tells the sign of the original float.
+    bits = np.where(raw >> np.uint64(63), raw & ~np.uint64(1 << 63), ~raw)
+    return float(bits.view(np.float64)[0]) * width
+
+
+def _subset(batch: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    return {k: (v[rows] if isinstance(v, np.ndarray) else [v[i] for i in rows.tolist()]) for k, v in batch.items()}
+
+
+def _reorder(records: EntryRecords, order: np.ndarray) -> EntryRecords:
+    return EntryRecords(
+        records.entries[order],
+        [records.ids[i] for i in order.tolist()],
+        records.fingerprints[order],
+        records.times[order],
+        records.payloads[order],
+        [records.origins[i] for i in order.tolist()],
+    )

@@ -1,0 +1,411 @@
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamdedup.index import IndexStorageError, PlanError, SegmentIndex, make_plan
+from tests.index import crash_writer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _random(n: int, words: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(0, 2**64 - 1, size=(n, words), dtype=np.uint64, endpoint=True)
+
+
+def _flip(fps: np.ndarray, distance: np.ndarray | int, rng: np.random.Generator) -> np.ndarray:
+    """Copies of ``fps`` with ``distance`` (per row or for all) distinct random bits flipped."""
+    bits = fps.shape[1] * 64
+    distance = np.broadcast_to(np.asarray(distance), (len(fps),))
+    out = fps.copy()
+    order = np.argsort(rng.random((len(fps), bits)), axis=1)
+    for column in range(int(distance.max(initial=0))):
+        rows = np.flatnonzero(distance > column)
+        pos = order[rows, column]
+        out[rows, pos // 64] ^= np.left_shift(np.uint64(1), (63 - pos % 64).astype(np.uint64))
+    return out
+
+
+def _clustered(n: int, words: int, radius: int, rng: np.random.Generator) -> np.ndarray:
+    """Many near copies (0 .. radius + 2 bits off) of a few centres."""
+    centres = _random(max(1, n // 25), words, rng)
+    picks = centres[rng.integers(0, len(centres), n)]
+    return _flip(picks, rng.integers(0, radius + 3, n), rng)
+
+
+def _brute(stored: np.ndarray, ids: list[str], queries: np.ndarray, radius: int) -> list[list[tuple[str, int]]]:
+    """The oracle: a full popcount scan, nearest first, ties in insertion order."""
+    distances = np.bitwise_count(queries[:, None, :] ^ stored[None, :, :]).sum(axis=2)
+    out = []
+    for row in distances:
+        hits = np.flatnonzero(row <= radius)
+        hits = hits[np.lexsort((hits, row[hits]))]
+        out.append([(ids[i], int(row[i])) for i in hits])
+    return out
+
+
+RADII = {64: 4, 128: 6, 256: 8}
+
+
+@settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    width=st.sampled_from([64, 128, 256]),
+    radius_share=st.floats(0, 1),
+    n=st.integers(1, 600),
+    clustered=st.booleans(),
+    batches=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_exact_plans_return_exactly_the_brute_force_answer(
+    width: int, radius_share: float, n: int, clustered: bool, batches: int, seed: int
+) -> None:
+    radius = round(radius_share * RADII[width])
+    words = width // 64
+    rng = np.random.default_rng(seed)
+    stored = _clustered(n, words, radius, rng) if clustered else _random(n, words, rng)
+    ids = [f"doc{i}" for i in range(n)]
+    queries = np.concatenate([
+        _flip(stored[rng.integers(0, n, 40)], rng.integers(0, radius + 3, 40), rng),
+        _random(20, words, rng),
+    ])
+    with tempfile.TemporaryDirectory() as tmp:
+        with SegmentIndex(tmp, width, radius, expected_entries=max(n, 100)) as index:
+            assert index.plan.kind == "exact"
+            for part in np.array_split(np.arange(n), batches):
+                index.add([ids[i] for i in part], stored[part])
+            assert len(index) == n
+            expected = _brute(stored, ids, queries, radius)
+            assert index.query(queries) == expected
+            flat = index.search(queries)
+            assert flat.rows.tolist() == [row for row, hits in enumerate(expected) for _ in hits]
+            assert flat.distances.tolist() == [d for hits in expected for _, d in hits]
+            assert index.entries(flat.entries).ids == [i for hits in expected for i, _ in hits]
+            earlier, later, distances = index.batch_pairs(stored)
+            pairs = np.bitwise_count(stored[:, None, :] ^ stored[None, :, :]).sum(axis=2)
+            first, second = np.nonzero(np.triu(pairs <= radius, k=1))
+            assert (earlier.tolist(), later.tolist(), distances.tolist()) == (
+                first.tolist(), second.tolist(), pairs[first, second].tolist()
+            )
+
+
+@pytest.mark.parametrize("distance", [6, 10, 14])
+def test_sampled_plan_recall_measured_through_the_index_matches_the_computed_recall(
+    tmp_path: Path, distance: int
+) -> None:
+    plan = make_plan(128, 14, 20_000, max_tables=3, max_candidates=64)
+    assert plan.kind == "sampled"
+    rng = np.random.default_rng(distance)
+    n = 3000
+    stored = _random(n, 2, rng)
+    with SegmentIndex(tmp_path, 128, 14, plan=plan) as index:
+        index.add([f"d{i}" for i in range(n)], stored)
+        results = index.query(_flip(stored, distance, rng))
+    found = np.array([(f"d{i}", distance) in hits for i, hits in enumerate(results)])
+    expected = plan.recall(distance)
+    assert 0.0 < expected < 1.0 or distance == 6
+    assert abs(found.mean() - expected) <= 4 * math.sqrt(expected * (1 - expected) / n) + 1e-9
+    # Nothing outside the radius or at a wrong distance is ever reported.
+    assert all(d <= 14 for hits in results for _, d in hits)
+
+
+def test_query_insert_matches_earlier_kept_documents_whatever_the_batch_boundaries(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    base = _random(1, 1, rng)
+    # a ~ b (2 bits), b ~ c (2 bits), a !~ c (4 bits) at radius 3: b is dropped, so c is novel.
+    a = base
+    b = a ^ np.uint64(0b11)
+    c = b ^ np.uint64(0b1100)
+    others = _random(5, 1, rng)
+    fps = np.concatenate([a, others[:2], b, others[2:], c, a])
+    ids = [f"x{i}" for i in range(len(fps))]
+    outcomes = []
+    for size in (len(fps), 1, 3):
+        with SegmentIndex(tmp_path / f"s{size}", 64, 3, expected_entries=1000) as index:
+            results = []
+            for start in range(0, len(fps), size):
+                results += index.query_insert(ids[start : start + size], fps[start : start + size], times=np.zeros(min(size, len(fps) - start)))
+            outcomes.append((results, len(index)))
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+    results, stored = outcomes[0]
+    assert results[3] == [("x0", 2)]
+    assert results[7] == []
+    assert results[8] == [("x0", 0)]
+    assert stored == 7
+
+
+def test_replaying_a_document_does_not_match_itself_and_readding_an_id_replaces_it(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    fps = _random(3, 1, rng)
+    moved = _random(1, 1, rng)
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000) as index:
+        assert index.query_insert(["a", "b", "c"], fps) == [[], [], []]
+        assert index.query_insert(["a"], fps[:1]) == [[]]
+        assert len(index) == 3
+        index.add(["b"], moved)
+        assert len(index) == 3
+        assert index.query(fps[1:2]) == [[]]
+        assert index.query(moved) == [[("b", 0)]]
+        # Two ids on one fingerprint: removing one keeps the other findable.
+        index.add(["twin"], fps[2:3])
+        assert index.query(fps[2:3]) == [[("c", 0), ("twin", 0)]]
+        assert index.remove(["c", "unknown"]) == 1
+        assert index.query(fps[2:3]) == [[("twin", 0)]]
+        assert index.remove(["twin"]) == 1
+        assert index.query(fps[2:3]) == [[]]
+        assert len(index) == 2
+
+
+def test_expiry_by_event_time_drops_whole_old_buckets_and_min_time_hides_the_rest(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    fps = _random(6, 1, rng)
+    times = np.array([0.0, 50.0, 120.0, 150.0, 250.0, 260.0])
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, max_age=100.0, time_bucket=100.0) as index:
+        index.add([f"t{i}" for i in range(6)], fps, times=times)
+        # The stream clock is 260, the cutoff 160: bucket [0, 100) is gone; 120 and 150 wait for their bucket.
+        assert len(index) == 4
+        assert index.query(fps[:2]) == [[], []]
+        assert index.query(fps[2:3], min_time=160.0) == [[]]
+        assert index.query(fps[2:3]) == [[("t2", 0)]]
+        assert index.expire(300.0) == 2
+        assert [len(hits) for hits in index.query(fps)] == [0, 0, 0, 0, 1, 1]
+
+
+def test_max_entries_evicts_the_oldest(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    fps = _random(30, 1, rng)
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, max_entries=10, time_bucket=1.0) as index:
+        for start in range(0, 30, 5):
+            index.add([f"e{i}" for i in range(start, start + 5)], fps[start : start + 5], times=np.arange(start, start + 5, dtype=float))
+            assert len(index) == min(start + 5, 10)
+        present = [bool(hits) for hits in index.query(fps)]
+    assert present == [False] * 20 + [True] * 10
+
+
+def test_origins_source_offsets_and_rollback(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    fps = _random(10, 1, rng)
+    origins = [("in", i % 2, 100 + i) for i in range(10)]
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, payload_bytes=4) as index:
+        index.add([f"o{i}" for i in range(10)], fps, origins=origins, payloads=[bytes([i] * 4) for i in range(10)],
+                  times=np.arange(10.0), source_offsets={("in", 0): 109, ("in", 1): 110})
+        assert index.source_offsets() == {("in", 0): 109, ("in", 1): 110}
+        found = index.search(fps[[3, 8]])
+        records = index.entries(found.entries)
+        assert records.ids == ["o3", "o8"]
+        assert records.origins == [("in", 1, 103), ("in", 0, 108)]
+        assert records.payloads.tolist() == [[3] * 4, [8] * 4]
+        assert records.times.tolist() == [3.0, 8.0]
+        # Kafka committed up to 104 on partition 0 and 103 on partition 1: later entries go.
+        assert index.rollback({("in", 0): 104, ("in", 1): 103}) == 7
+        assert index.source_offsets() == {("in", 0): 104, ("in", 1): 103}
+        assert sorted(i for hits in index.query(fps) for i, _ in hits) == ["o0", "o1", "o2"]
+        index.add([], np.zeros((0, 1), np.uint64), source_offsets={("in", 0): 120})
+        assert index.source_offsets()[("in", 0)] == 120
+
+
+def test_incompatible_open_is_a_clear_error_and_stored_settings_reopen(tmp_path: Path) -> None:
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, payload_bytes=8) as index:
+        index.add(["k"], np.array([[5]], dtype=np.uint64))
+    for kwargs, word in [({"bits": 128}, "bits 128"), ({"radius": 2}, "radius 2"), ({"payload_bytes": 0}, "payload_bytes")]:
+        args = {"bits": 64, "radius": 3, "payload_bytes": 8} | kwargs
+        with pytest.raises(PlanError, match=word):
+            SegmentIndex(tmp_path, args["bits"], args["radius"], payload_bytes=args["payload_bytes"])
+    with pytest.raises(PlanError, match="plan"):
+        SegmentIndex(tmp_path, 64, 3, payload_bytes=8, plan=make_plan(64, 3, 10_000_000))
+    with SegmentIndex(tmp_path, None, None, payload_bytes=None, readonly=True) as reader:
+        assert (reader.bits, reader.radius, reader.payload_bytes, len(reader)) == (64, 3, 8, 1)
+        with pytest.raises(PermissionError):
+            reader.add(["x"], np.array([[1]], dtype=np.uint64))
+
+
+def test_bad_input_is_rejected_for_that_batch_only(tmp_path: Path) -> None:
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, payload_bytes=2) as index:
+        index.add(["ok"], np.array([[1]], dtype=np.uint64))
+        for ids, fps, extra in [
+            (["a"], np.array([[1, 2]], dtype=np.uint64), {}),
+            (["a"], np.array([[1]], dtype=np.int64), {}),
+            ([3], np.array([[1]], dtype=np.uint64), {}),
+            ([""], np.array([[1]], dtype=np.uint64), {}),
+            (["a", "b"], np.array([[1]], dtype=np.uint64), {}),
+            (["a"], np.array([[1]], dtype=np.uint64), {"times": [float("nan")]}),
+            (["a"], np.array([[1]], dtype=np.uint64), {"payloads": [b"toolong"]}),
+        ]:
+            with pytest.raises(ValueError):
+                index.add(ids, fps, **extra)
+        assert len(index) == 1
+        long_id = "é" * 400
+        far = np.array([[2**64 - 1]], dtype=np.uint64)
+        index.add([long_id], far)
+        assert index.query(far) == [[(long_id, 0)]]
+        assert index.remove([long_id]) == 1
+
+
+def test_map_grows_by_itself_and_a_map_at_its_limit_loses_nothing_committed(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    fps = _random(20_000, 1, rng)
+    with SegmentIndex(tmp_path / "grow", 64, 3, expected_entries=20_000, map_size=64 * 1024) as index:
+        index.add([f"g{i}" for i in range(20_000)], fps)
+        assert index.stats()["map_size"] > 64 * 1024
+        assert index.query(fps[:3]) == [[("g0", 0)], [("g1", 0)], [("g2", 0)]]
+    limit = 2 * 1024 * 1024
+    with SegmentIndex(tmp_path / "cap", 64, 3, expected_entries=20_000, map_size=limit, max_map_size=limit) as index:
+        index.add([f"c{i}" for i in range(100)], fps[:100])
+        with pytest.raises(IndexStorageError, match="max_map_size"):
+            index.add([f"c{i}" for i in range(100, 20_000)], fps[100:])
+        assert len(index) == 100
+        assert index.query(fps[[0, 99, 100]]) == [[("c0", 0)], [("c99", 0)], []]
+
+
+FULL_DISK_CHILD = """
+import resource, signal, sys
+import numpy as np
+from streamdedup.index import IndexStorageError, SegmentIndex
+path, limit = sys.argv[1], int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+index = SegmentIndex(path, 64, 3, expected_entries=100_000)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+fps = np.random.default_rng(1).integers(0, 2**63, size=(100_000, 1), dtype=np.uint64)
+try:
+    index.add([f"big{i}" for i in range(100_000)], fps)
+except IndexStorageError as exc:
+    print("storage error:", exc)
+"""
+
+
+def test_a_full_disk_fails_that_batch_and_loses_nothing_committed(tmp_path: Path) -> None:
+    fps = _random(51, 1, np.random.default_rng(9))
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=100_000) as index:
+        index.add([f"s{i}" for i in range(50)], fps[:50])
+    size = (tmp_path / "data.mdb").stat().st_size
+    child = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_CHILD, str(tmp_path), str(size + 64 * 1024)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert child.returncode == 0, child.stderr
+    assert "storage error" in child.stdout
+    with SegmentIndex(tmp_path, 64, 3) as index:
+        assert len(index) == 50
+        assert index.query(fps[[0, 49]]) == [[("s0", 0)], [("s49", 0)]]
+        assert index.query(fps[50:]) == [[]]
+
+
+def _start_writer(path: Path, log: Path) -> subprocess.Popen[str]:
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "tests.index.crash_writer", str(path), str(log)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert writer.stdout is not None
+    assert writer.stdout.readline().strip() == "ready", writer.stderr.read() if writer.stderr else ""
+    return writer
+
+
+def _check_committed(path: Path, log: Path) -> int:
+    """The reopened index holds exactly the logged batches (plus possibly the one in flight)."""
+    logged = [int(line) for line in log.read_text().split("\n")[:-1]] if log.exists() else []
+    with crash_writer.open_index(str(path)) as index:
+        committed_through = index.source_offsets().get((crash_writer.TOPIC, 0), 0) // crash_writer.BATCH - 1
+        last_logged = logged[-1] if logged else -1
+        assert committed_through in (last_logged, last_logged + 1)
+        kept = list(range(max(0, committed_through - crash_writer.KEEP_BATCHES + 1), committed_through + 1))
+        assert len(index) == crash_writer.BATCH * len(kept)
+        gone = list(range(max(0, committed_through - crash_writer.KEEP_BATCHES - 1), kept[0] if kept else 0))
+        for number in kept + gone + [committed_through + 1]:
+            ids, fps = crash_writer.batch(number)
+            hits = index.query(fps)
+            present = [(own, 0) in found for own, found in zip(ids, hits)]
+            assert all(present) if number in kept else not any(present), number
+    return committed_through
+
+
+@pytest.mark.slow
+def test_kill_minus_nine_at_random_moments_never_loses_or_invents_a_committed_batch(tmp_path: Path) -> None:
+    path, log = tmp_path / "index", tmp_path / "committed.log"
+    shuffle = random.Random(11)
+    progress = []
+    for _ in range(30):
+        writer = _start_writer(path, log)
+        time.sleep(shuffle.uniform(0.0, 0.4))
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.communicate(timeout=30)
+        progress.append(_check_committed(path, log))
+    assert progress == sorted(progress)
+    assert progress[-1] > 30
+
+
+@pytest.mark.slow
+def test_stats_from_another_process_while_a_writer_runs(tmp_path: Path) -> None:
+    path, log = tmp_path / "index", tmp_path / "committed.log"
+    writer = _start_writer(path, log)
+    cli = Path(sys.executable).with_name("streamdedup")
+    seen = []
+    try:
+        for _ in range(4):
+            time.sleep(0.3)
+            out = subprocess.run([str(cli), "index", "stats", str(path)], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            stats = json.loads(out.stdout)
+            assert stats["plan"]["tables"] == 4
+            seen.append(stats["source_offsets"].get("in:0", 0))
+    finally:
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.communicate(timeout=30)
+    assert seen == sorted(seen) and seen[-1] > seen[0]
+    _check_committed(path, log)
+
+
+# --- segment plans (segmented fingerprints) -----------------------------------------------------------------
+
+
+def _segments(fps: np.ndarray, size: int) -> np.ndarray:
+    """(n, segments) values of each fingerprint's segments, left to right."""
+    per_word = 64 // size
+    shifts = np.arange(per_word - 1, -1, -1, dtype=np.uint64) * np.uint64(size)
+    mask = np.uint64((1 << size) - 1) if size < 64 else np.uint64(2**64 - 1)
+    return ((fps[:, :, None] >> shifts) & mask).reshape(len(fps), -1)
+
+
+def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(tmp_path: Path) -> None:
+    from streamdedup.index.plan import make_segment_plan
+
+    rng = np.random.default_rng(5)
+    bits, segments = 256, 16
+    size = bits // segments
+    centres = rng.integers(0, 2**64 - 1, size=(20, bits // 64), dtype=np.uint64, endpoint=True)
+    stored = centres[rng.integers(0, 20, 400)].copy()
+    # Each copy keeps a random subset of its centre's segments and replaces the rest; some are zeroed (unkeyed).
+    seg = _segments(stored, size)
+    noise = rng.integers(0, 1 << size, size=seg.shape, dtype=np.uint64)
+    replace = rng.random(seg.shape) < 0.7
+    seg = np.where(replace, noise, seg)
+    seg[rng.random(seg.shape) < 0.2] = 0
+    per_word = 64 // size
+    shifts = np.arange(per_word - 1, -1, -1, dtype=np.uint64) * np.uint64(size)
+    stored = np.bitwise_or.reduce(seg.reshape(len(seg), bits // 64, per_word) << shifts, axis=2)
+    queries = stored[:60].copy()
+    queries[:, 0] ^= np.uint64(1)
+    plan = make_segment_plan(bits, segments)
+    with SegmentIndex(tmp_path / "seg", bits, bits, plan=plan) as index:
+        index.add([f"e{i}" for i in range(len(stored))], stored)
+        found = index.query(queries)
+        earlier, later, _ = index.batch_pairs(stored)
+    qs, ss = _segments(queries, size), _segments(stored, size)
+    for row, hits in enumerate(found):
+        shares = ((qs[row] == ss) & (ss != 0)).any(axis=1)
+        assert sorted(i for i, _ in hits) == sorted(f"e{i}" for i in np.flatnonzero(shares))
+    shares_pair = ((ss[:, None, :] == ss[None, :, :]) & (ss[:, None, :] != 0)).any(axis=2)
+    expected = {(a, b) for a, b in zip(*np.nonzero(np.triu(shares_pair, 1)))}
+    assert set(zip(earlier.tolist(), later.tolist())) == expected
+    assert plan.recall(0) == 1.0 and plan.recall(segments - 1) == 1.0 and 0 < plan.recall(bits // 2) < 1

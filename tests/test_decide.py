@@ -1,0 +1,100 @@
+"""The decision core over a real LMDB index: verdicts, in-batch matching, determinism, replays, expiry."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamdedup.decide import Deduplicator
+from streamdedup.document import Document
+from streamdedup.offline import open_index
+from streamdedup.quality.corpus import load_stream
+from streamdedup.settings import Settings, load_settings
+
+BASE = "the quick brown fox jumps over the lazy dog while the farmer watches from the old red barn"
+
+
+@pytest.fixture(scope="module")
+def settings() -> Settings:
+    return load_settings(Path(__file__).parents[1] / "config.yaml")
+
+
+def docs(texts: list[str], start: int = 0, time: float = 0.0) -> list[Document]:
+    return [Document(f"d{start + i}", text, time, None) for i, text in enumerate(texts)]
+
+
+def run(settings: Settings, path: Path, batches: list[list[Document]]) -> list:
+    with open_index(settings, path) as index:
+        dedup = Deduplicator(settings, index)
+        return [v for batch in batches for v in dedup.decide(batch)]
+
+
+def test_novel_exact_and_near_verdicts(settings: Settings, tmp_path: Path) -> None:
+    texts = [
+        BASE,
+        "RT @someone: " + BASE.upper() + " https://t.co/abc",
+        BASE.replace("lazy", "sleepy"),
+        "an entirely different sentence about databases, transactions and the weather in spring",
+    ]
+    verdicts = run(settings, tmp_path / "idx", [docs(texts)])
+    assert [v.novel for v in verdicts] == [True, False, False, True]
+    assert [v.reason for v in verdicts] == ["novel", "exact", "near", "novel"]
+    assert verdicts[1].match_id == "d0" and verdicts[1].distance == 0
+    assert verdicts[2].match_id == "d0" and 0.6 <= verdicts[2].jaccard < 1.0
+
+
+def test_duplicates_are_not_indexed_and_match_the_kept_original(settings: Settings, tmp_path: Path) -> None:
+    first = run(settings, tmp_path / "idx", [docs([BASE]), docs([BASE + "!"], start=1)])
+    assert [v.novel for v in first] == [True, False]
+    with open_index(settings, tmp_path / "idx") as index:
+        assert len(index) == 1
+        assert index.query(Deduplicator(settings, index).fingerprinter.fingerprint([BASE]))[0][0][0] == "d0"
+
+
+def test_verdicts_do_not_depend_on_batch_boundaries(settings: Settings, tmp_path: Path) -> None:
+    stream = load_stream(split="tune")[:1500]
+    documents = [Document(doc.id, doc.text, 0.0, None) for doc in stream]
+    whole = run(settings, tmp_path / "whole", [documents])
+    rng = random.Random(7)
+    cuts = sorted(rng.sample(range(1, len(documents)), 40))
+    pieces = [documents[a:b] for a, b in zip([0, *cuts], [*cuts, len(documents)])]
+    split = run(settings, tmp_path / "split", pieces)
+    assert [(v.novel, v.match_id) for v in whole] == [(v.novel, v.match_id) for v in split]
+    assert 0 < sum(not v.novel for v in whole) < len(whole)
+
+
+def test_replayed_document_is_not_its_own_duplicate(settings: Settings, tmp_path: Path) -> None:
+    batch = [Document("t-0-5", BASE, 0.0, ("t", 0, 5))]
+    with open_index(settings, tmp_path / "idx") as index:
+        dedup = Deduplicator(settings, index)
+        assert dedup.decide(batch, source_offsets={("t", 0): 6})[0].novel
+        assert dedup.decide(batch)[0].novel
+        assert index.source_offsets() == {("t", 0): 6}
+
+
+def test_expiry_uses_each_documents_event_time(settings: Settings, tmp_path: Path) -> None:
+    max_age = settings.index.max_age_seconds
+    late = max_age + 10.0
+    verdicts = run(
+        settings,
+        tmp_path / "idx",
+        [docs([BASE], time=0.0), docs([BASE], start=1, time=late), docs([BASE, BASE], start=2, time=late)],
+    )
+    # d0 is ten seconds too old for d1 (whether or not its time bucket is gone yet); d2 and d3 match d1.
+    assert [v.novel for v in verdicts] == [True, True, False, False]
+    assert [v.match_id for v in verdicts[2:]] == ["d1", "d1"]
+
+
+def test_unindexable_documents_pass_through_unindexed(settings: Settings, tmp_path: Path) -> None:
+    verdicts = run(settings, tmp_path / "idx", [docs(["https://example.com/a", "https://example.com/a", BASE])])
+    assert [(v.novel, v.reason) for v in verdicts] == [(True, "unindexable"), (True, "unindexable"), (True, "novel")]
+    assert not np.any(verdicts[0].fingerprint)
+
+
+def test_verification_off_drops_on_the_hamming_lookup_alone(settings: Settings, tmp_path: Path) -> None:
+    unverified = settings.model_copy(update={"dedup": settings.dedup.model_copy(update={"verify": False})})
+    verdicts = run(unverified, tmp_path / "idx", [docs([BASE, BASE.replace("lazy", "sleepy")])])
+    assert not verdicts[1].novel and verdicts[1].match_id == "d0"

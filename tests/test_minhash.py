@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamdedup.features import FeatureBatch, FeatureExtractor, mix64
+from streamdedup.minhash import EMPTY_SLOT, BottomK
+from streamdedup.settings import FeatureSettings
+
+SMALL_SETS = st.sets(st.integers(0, 300), max_size=30)
+SHINGLES = FeatureExtractor(FeatureSettings(word_ngrams=[], char_ngrams=[3]))
+
+
+def batch_of(sets: list[set[int]]) -> FeatureBatch:
+    hashes = np.array([value for each in sets for value in sorted(each)], dtype=np.uint64)
+    offsets = np.concatenate(([0], np.cumsum([len(each) for each in sets]))).astype(np.int64)
+    return FeatureBatch(hashes, np.ones(len(hashes)), offsets, hashes[:, None])
+
+
+def brute_force_sketch(values: set[int], k: int, seed: int) -> list[int]:
+    mixed = mix64(np.array(sorted(values), dtype=np.uint64) ^ np.uint64(seed)) >> np.uint64(20)
+    least = sorted(set(mixed.tolist()))[:k]
+    return least + [int(EMPTY_SLOT)] * (k - len(least))
+
+
+def brute_force_jaccard(a: list[int], b: list[int], k: int) -> float:
+    a_set, b_set = {v for v in a if v != int(EMPTY_SLOT)}, {v for v in b if v != int(EMPTY_SLOT)}
+    union = sorted(a_set | b_set)[:k]
+    return sum(1 for v in union if v in a_set and v in b_set) / len(union) if union else 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.sets(st.integers(0, 2**64 - 1), max_size=40), min_size=1, max_size=6),
+    st.integers(1, 20),
+    st.integers(0, 2**32),
+)
+def test_sketch_is_the_k_least_values_of_one_hash(sets: list[set[int]], k: int, seed: int) -> None:
+    sketches = BottomK(k, seed).sketch(batch_of(sets))
+    assert sketches.shape == (len(sets), k)
+    for row, values in zip(sketches, sets, strict=True):
+        assert row.tolist() == brute_force_sketch(values, k, seed)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(SMALL_SETS, SMALL_SETS), min_size=1, max_size=5))
+def test_jaccard_is_the_bottom_k_estimate(pairs: list[tuple[set[int], set[int]]]) -> None:
+    sketcher = BottomK(8, 3)
+    left = sketcher.sketch(batch_of([a for a, _ in pairs]))
+    right = sketcher.sketch(batch_of([b for _, b in pairs]))
+    estimates = sketcher.jaccard(left, right)
+    for estimate, a, b in zip(estimates.tolist(), left.tolist(), right.tolist(), strict=True):
+        assert estimate == pytest.approx(brute_force_jaccard(a, b, 8))
+
+
+def test_jaccard_estimates_the_true_index() -> None:
+    sketcher = BottomK(256, 11)
+    a, b = set(range(0, 3000)), set(range(1000, 4000))  # |A & B| / |A | B| = 2000 / 4000
+    sketches = sketcher.sketch(batch_of([a, b, set(), set(range(10_000, 10_100))]))
+    estimates = sketcher.jaccard(sketches[[0, 0, 2, 0]], sketches[[1, 0, 2, 3]])
+    assert estimates[0] == pytest.approx(0.5, abs=0.1)
+    assert estimates[1:].tolist() == [1.0, 1.0, 0.0]
+
+
+def test_near_duplicate_texts_share_most_of_their_sketch() -> None:
+    sketcher = BottomK(64)
+    texts = [
+        "the quick brown fox jumps over the lazy dog near the bank",
+        "the quick brown fox jumped over the lazy dog near the bank",
+        "stock markets fell sharply as investors worried about rates",
+    ]
+    sketches = sketcher.sketch(SHINGLES.extract(texts))
+    near, far = sketcher.jaccard(sketches[[0, 0]], sketches[[1, 2]]).tolist()
+    assert near > 0.7 and far < 0.1
+
+
+def test_cluster_key_is_stable_and_needs_k_shared_members() -> None:
+    sketcher = BottomK(4)
+    members = set(range(100))
+    sketches = sketcher.sketch(batch_of([members, members | {10**6}, set(range(50, 150)), {1, 2}]))
+    keys = sketcher.cluster_key(sketches)
+    assert isinstance(keys, list) and all(isinstance(key, bytes) and len(key) == 32 for key in keys)
+    assert keys[0] == sketcher.cluster_key(sketches[0]) == sketcher.cluster_key(BottomK(4).sketch(batch_of([members]))[0])
+    assert keys[0] != keys[2]
+    assert keys[3][16:] == bytes.fromhex("ff" * 16)  # two members: the key is padded
+    # One more member changes the key only when it hashes below the current k least values.
+    smallest = brute_force_sketch(members | {10**6}, 4, 0)
+    assert (keys[1] == keys[0]) == (smallest == brute_force_sketch(members, 4, 0))
+
+
+def test_seed_and_validation() -> None:
+    features = SHINGLES.extract(["some text to sketch"])
+    assert BottomK(8, 1).sketch(features).tolist() != BottomK(8, 2).sketch(features).tolist()
+    with pytest.raises(ValueError, match="k must be"):
+        BottomK(0)
+    with pytest.raises(ValueError, match="shape"):
+        BottomK(4).jaccard(np.zeros((2, 4), dtype=np.uint64), np.zeros((2, 5), dtype=np.uint64))

@@ -1,0 +1,52 @@
+"""Offline mode end to end: JSONL in, kept records out unchanged and in order, bad lines dead-lettered."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from streamdedup.cli import main
+from streamdedup.offline import dedup_file
+from streamdedup.settings import load_settings
+
+CONFIG = Path(__file__).parents[1] / "config.yaml"
+BASE = "the quick brown fox jumps over the lazy dog while the farmer watches from the old red barn"
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_kept_records_are_written_unchanged_and_in_order(tmp_path: Path) -> None:
+    records = [
+        json.dumps({"id": "a", "text": BASE, "extra": [1, 2]}, ensure_ascii=False),
+        json.dumps({"id": "b", "text": "RT @x: " + BASE + " http://t.co/1"}),
+        json.dumps({"id": "c", "text": "Ein völlig anderer Satz über Datenbanken und das Wetter im Frühling"}),
+        "{not json",
+        json.dumps({"id": "d", "body": "no text field"}),
+        json.dumps({"id": "e", "text": BASE.replace("lazy", "sleepy")}),
+    ]
+    source = write_lines(tmp_path / "in.jsonl", records)
+    summary = dedup_file(source, tmp_path / "out.jsonl", load_settings(CONFIG), work_dir=tmp_path / "idx")
+    assert (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines() == [records[0], records[2]]
+    assert summary.read == 6 and summary.kept == 2
+    assert summary.dropped == {"exact": 1, "near": 1}
+    assert summary.dead_lettered == {"invalid_json": 1, "missing_field": 1}
+    dead = [json.loads(line) for line in (tmp_path / "out.jsonl.dead-letters.jsonl").read_text().splitlines()]
+    assert [d["reason"] for d in dead] == ["invalid_json", "missing_field"]
+    assert dead[0]["original"] == "{not json"
+
+
+def test_cli_dedup_and_explain(tmp_path: Path, capsys) -> None:
+    source = write_lines(tmp_path / "in.jsonl", [json.dumps({"id": str(i), "text": BASE}) for i in range(3)])
+    assert main(["--config", str(CONFIG), "dedup", str(source), "--output", str(tmp_path / "out.jsonl"),
+                 "--work-dir", str(tmp_path / "idx")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kept"] == 1 and summary["dropped"] == {"exact": 2}
+    assert summary["examples"][0] == {"id": "1", "duplicate_of": "0", "distance": 0}
+
+    assert main(["--config", str(CONFIG), "explain", BASE, BASE.replace("lazy", "sleepy")]) == 0
+    out = capsys.readouterr().out
+    assert "decision on b:     dropped (near duplicate of a)" in out
+    assert "a normalised:      'the quick brown fox" in out

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from streamdedup.fingerprint import Fingerprinter
+from streamdedup.settings import ConfigError, FeatureSettings, FingerprintSettings, NormalizeSettings, load_settings
+
+CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
+
+
+def test_config_yaml_fingerprint_section_equals_the_defaults() -> None:
+    section = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))["fingerprint"]
+    assert section == FingerprintSettings().model_dump(mode="json")
+    assert load_settings(CONFIG).fingerprint == FingerprintSettings()
+
+
+def test_every_fingerprint_key_is_documented_in_config_yaml() -> None:
+    text = CONFIG.read_text(encoding="utf-8")
+    section = text[text.index("\nfingerprint:") :]
+    lines = section[: section.index("\n\n")].splitlines()
+    keys = [*FingerprintSettings.model_fields, *NormalizeSettings.model_fields, *FeatureSettings.model_fields]
+    for key in keys:
+        documented = [line for line in lines if line.strip().startswith(f"{key}:")]
+        assert documented, key
+        assert all("#" in line for line in documented), key
+
+
+def test_environment_overrides_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMDEDUP_FINGERPRINT__WIDTH", "128")
+    monkeypatch.setenv("STREAMDEDUP_FINGERPRINT__HASH", "md5")
+    monkeypatch.setenv("STREAMDEDUP_FINGERPRINT__NORMALIZE__STRIP_ACCENTS", "true")
+    monkeypatch.setenv("STREAMDEDUP_FINGERPRINT__FEATURES__WORD_NGRAMS", "[2, 1, 2]")
+    settings = load_settings(CONFIG).fingerprint
+    assert (settings.width, settings.hash, settings.normalize.strip_accents) == (128, "md5", True)
+    assert settings.features.word_ngrams == [1, 2]
+    assert settings.seed == 0
+    assert Fingerprinter.from_settings(settings).fingerprint(["café au lait"]).shape == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "key"),
+    [
+        ("STREAMDEDUP_FINGERPRINT__WIDTH", "100", "fingerprint.width"),
+        ("STREAMDEDUP_FINGERPRINT__HASH", "sha1", "fingerprint.hash"),
+        ("STREAMDEDUP_FINGERPRINT__FEATURES__CHAR_NGRAMS", "[0]", "fingerprint.features.char_ngrams"),
+        ("STREAMDEDUP_FINGERPRINT__FEATURES__WEIGHTING", "idf", "fingerprint.features.weighting"),
+        ("STREAMDEDUP_FINGERPRINT__NORMALIZE__NFKC", "perhaps", "fingerprint.normalize.nfkc"),
+    ],
+)
+def test_errors_name_the_key(monkeypatch: pytest.MonkeyPatch, variable: str, value: str, key: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_settings(CONFIG)
+
+
+def test_unknown_keys_are_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("fingerprint:\n  widht: 128\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"fingerprint\.widht"):
+        load_settings(path)
