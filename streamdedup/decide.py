@@ -18,7 +18,7 @@ import numpy as np
 
 from .document import Document
 from .features import FeatureExtractor
-from .fingerprint import Fingerprinter
+from .fingerprint import FingerprintBatch, Fingerprinter
 from .index import SegmentIndex
 from .minhash import BottomK
 from .settings import Settings
@@ -64,13 +64,17 @@ class Deduplicator:
         self._min_jaccard = policy.min_jaccard
         self.sketcher = BottomK(policy.sketch_size, seed=settings.fingerprint.seed)
         self.last_timings = BatchTimings()
-        self._shingler = FeatureExtractor(
-            policy.sketch_features, settings.fingerprint.hash, settings.fingerprint.seed
+        self._shingler = (
+            None
+            if policy.sketch_features is None
+            else FeatureExtractor(policy.sketch_features, settings.fingerprint.hash, settings.fingerprint.seed)
         )
 
-    def sketch(self, normalized: Sequence[str]) -> np.ndarray:
-        """Bottom-k sketches of normalised texts, as stored in the index payload."""
-        return self.sketcher.sketch(self._shingler.extract(normalized))
+    def sketch(self, batch: FingerprintBatch) -> np.ndarray:
+        """Bottom-k sketches of a fingerprinted batch, as stored in the index payload."""
+        if self._shingler is None:
+            return self.sketcher.sketch(batch.features)
+        return self.sketcher.sketch(self._shingler.extract(batch.normalized))
 
     def decide(
         self,
@@ -83,7 +87,7 @@ class Deduplicator:
         batch = self.fingerprinter.fingerprint_batch([doc.text for doc in docs])
         fps = batch.fingerprints
         times = np.fromiter((doc.time for doc in docs), dtype=np.float64, count=len(docs))
-        sketches = self.sketch(batch.normalized)
+        sketches = self.sketch(batch)
         failed = np.fromiter((err is not None for err in batch.errors), dtype=bool, count=len(docs))
         indexable = ~(batch.empty | failed)
         ids = [doc.id for doc in docs]
@@ -137,11 +141,10 @@ class Deduplicator:
         rows = np.flatnonzero(indexable)
         if not len(rows) or not len(self.index):
             return {}
-        found = self.index.search(fps[rows])
+        found, records = self.index.search_entries(fps[rows])
         if not len(found):
             return {}
         query = rows[found.rows]
-        records = self.index.entries(found.entries)
         stored_sketches = records.payloads.view(np.uint64)
         jaccard = self.sketcher.jaccard(sketches[query], stored_sketches)
         own = np.fromiter((stored == ids[q] for stored, q in zip(records.ids, query.tolist())), dtype=bool)

@@ -42,7 +42,7 @@ def explain(text_a: str, text_b: str, settings: Settings) -> Explanation:
     with tempfile.TemporaryDirectory(prefix="streamdedup-explain-") as work, open_index(settings, Path(work)) as index:
         dedup = Deduplicator(settings, index)
         batch = dedup.fingerprinter.fingerprint_batch([text_a, text_b])
-        sketches = dedup.sketch(batch.normalized)
+        sketches = dedup.sketch(batch)
         _, verdict_b = dedup.decide([Document("a", text_a, 0.0, None), Document("b", text_b, 0.0, None)])
     fps = batch.fingerprints
     distance = int(np.bitwise_count(fps[0] ^ fps[1]).sum())

@@ -177,7 +177,7 @@ def segmented_simhash(
     Each feature feeds exactly one of ``segments`` equal segments (chosen by its hash) and each segment is
     the Charikar SimHash of its own features, over ``width // segments`` bits. A small edit changes the few
     segments its features fall in and leaves the others bit-for-bit equal, so the index can key one table
-    per segment and find the copy through any untouched segment. ``sample`` > 0 keeps only each document's
+    per segment and find the copy through any untouched one. ``sample`` > 0 keeps only each document's
     ``sample`` features of least (re-seeded) hash, the same stable sample as bottom-k MinHash, so a long
     document has as few features per segment as a short one. A segment with fewer than ``min_features``
     features is left all zero (unkeyed), unless no segment of the document reaches that, in which case every
@@ -187,27 +187,40 @@ def segmented_simhash(
     if width % segments or seg_bits > 64 or 64 % seg_bits:
         raise ValueError(f"segments must split width {width} into equal parts of 1..64 bits dividing 64, got {segments}")
     documents = len(features)
-    owner = features.documents
-    hashes, weights = features.hashes, features.weights
+    hashes, weights, counts = features.hashes, features.weights, features.counts
     if sample:
-        keep = _bottom(mix64(hashes ^ _SAMPLE_SALT), owner, sample)
-        owner, hashes, weights = owner[keep], hashes[keep], weights[keep]
+        keep = _bottom(mix64(hashes ^ _SAMPLE_SALT), features.offsets, sample)
+        hashes, weights = hashes[keep], weights[keep]
+        counts = np.minimum(counts, sample)
+    owner = np.repeat(np.arange(documents, dtype=np.int64), counts)
     group = owner * segments + (mix64(hashes ^ _ROUTE_SALT) % np.uint64(segments)).astype(np.int64)
-    order = np.argsort(group, kind="stable")
+    cells = documents * segments
+    # Group numbers below 2**16 sort by radix (linear) in numpy's stable sort.
+    order = np.argsort(group.astype(np.uint16) if cells <= 1 << 16 else group, kind="stable")
     group, hashes, weights = group[order], hashes[order], weights[order]
-    counts = np.bincount(group, minlength=documents * segments).reshape(documents, segments)
-    values = np.zeros(documents * segments, dtype=np.uint64)
+    sizes = np.bincount(group, minlength=cells)
+    values = np.zeros(cells, dtype=np.uint64)
     if len(group):
         starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-        shifts = np.arange(63, 63 - seg_bits, -1, dtype=np.uint64)
-        signs = ((hashes[:, None] >> shifts) & np.uint64(1)).astype(np.float64) * 2.0 - 1.0
-        sums = np.add.reduceat(signs * weights[:, None], starts, axis=0)
-        bits = (sums > 0).astype(np.uint64) << (shifts - np.uint64(64 - seg_bits))
-        values[group[starts]] = np.bitwise_or.reduce(bits, axis=1)
+        leading = np.unpackbits(hashes.astype(">u8").view(np.uint8).reshape(-1, 8)[:, : -(-seg_bits // 8)], axis=1)
+        leading = leading[:, :seg_bits]
+        if np.all(weights == 1.0):
+            # Unit weights: a bit is set where more than half of the segment's features have it.
+            widest = int(sizes.max())
+            dtype = np.uint8 if widest < 1 << 8 else np.uint16 if widest < 1 << 16 else np.uint32
+            ones = np.add.reduceat(leading, starts, axis=0, dtype=dtype)
+            set_bits = ones.astype(np.int64) * 2 > sizes[group[starts]][:, None]
+        else:
+            signed = (leading.astype(np.float64) * 2.0 - 1.0) * weights[:, None]
+            set_bits = np.add.reduceat(signed, starts, axis=0) > 0
+        packed = np.zeros((len(starts), 8), dtype=np.uint8)
+        packed[:, : -(-seg_bits // 8)] = np.packbits(set_bits, axis=1)
+        values[group[starts]] = packed.view(">u8").ravel() >> np.uint64(64 - seg_bits)
     values = values.reshape(documents, segments)
-    keyed = counts >= min_features
+    sizes = sizes.reshape(documents, segments)
+    keyed = sizes >= min_features
     fallback = ~keyed.any(axis=1)
-    keyed[fallback] = counts[fallback] > 0
+    keyed[fallback] = sizes[fallback] > 0
     values[~keyed] = 0
     per_word = 64 // seg_bits
     placed = values.reshape(documents, width // 64, per_word) << (
@@ -216,12 +229,15 @@ def segmented_simhash(
     return np.bitwise_or.reduce(placed, axis=2)
 
 
-def _bottom(values: np.ndarray, owner: np.ndarray, k: int) -> np.ndarray:
-    """Mask of each owner's k least values (owner ascending, as in a FeatureBatch)."""
-    order = np.lexsort((values, owner))
-    starts = np.searchsorted(owner[order], owner[order], side="left")
+def _bottom(values: np.ndarray, offsets: np.ndarray, k: int) -> np.ndarray:
+    """Mask of each document's k least values (documents own contiguous runs given by ``offsets``)."""
+    counts = np.diff(offsets)
+    owner = np.repeat(np.arange(len(counts), dtype=np.uint64), counts)
+    # One sort on (document, value) packed in a word: the document in the top 24 bits keeps each run in place.
+    order = np.argsort((owner << np.uint64(40)) | (values >> np.uint64(24)))
+    rank = np.arange(len(values)) - np.repeat(offsets[:-1], counts)
     keep = np.zeros(len(values), dtype=bool)
-    keep[order[np.arange(len(order)) - starts < k]] = True
+    keep[order[rank < k]] = True
     return keep
 
 

@@ -136,8 +136,8 @@ class DedupSettings(Section):
 
     verify: bool = True
     sketch_size: int = Field(default=64, ge=8, le=1024)
-    sketch_features: FeatureSettings = FeatureSettings(word_ngrams=[], char_ngrams=[3])
-    min_jaccard: float = Field(default=0.6, gt=0.0, le=1.0)
+    sketch_features: FeatureSettings | None = None
+    min_jaccard: float = Field(default=0.55, gt=0.0, le=1.0)
     batch_size: int = Field(default=2048, ge=1)
 
 

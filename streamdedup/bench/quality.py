@@ -33,7 +33,7 @@ from ..quality.corpus import STREAM_FILE, BenchDoc, load_stream
 from ..quality.evaluate import QualityReport, evaluate
 from ..settings import NormalizeSettings, Settings
 
-__all__ = ["PEERS", "PeerResult", "main", "run_peer"]
+__all__ = ["PEERS", "PeerResult", "main", "run_peer", "streamdedup_drops"]
 
 SPLITS = ("tune", "holdout")
 MINHASH_SHINGLE = 5
@@ -64,7 +64,8 @@ class PeerResult:
         }
 
 
-def _streamdedup(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarray:
+def streamdedup_drops(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarray:
+    """Drop decisions of the offline decision core over a fresh index, the stream in order."""
     dropped = np.zeros(len(docs), dtype=bool)
     batch_size = settings.dedup.batch_size
     with tempfile.TemporaryDirectory(prefix="streamdedup-bench-quality-") as folder:
@@ -118,7 +119,7 @@ def _minhash(threshold: float) -> Callable[[Sequence[BenchDoc], Settings], np.nd
 
 
 PEERS: dict[str, Callable[[Sequence[BenchDoc], Settings], np.ndarray]] = {
-    "streamdedup": _streamdedup,
+    "streamdedup": streamdedup_drops,
     "simhash": _simhash,
     "minhash-0.5": _minhash(0.5),
     "minhash-0.8": _minhash(0.8),

@@ -498,6 +498,16 @@ class SegmentIndex:
         with self._read() as txn:
             return self._search(txn, fps, min_time)[0]
 
+    def search_entries(self, fps: np.ndarray, *, min_time: float | None = None) -> tuple[SearchResult, EntryRecords]:
+        """``search`` plus the matched entries' records, row for row, from one read transaction (the lookup
+        reads them anyway on wide fingerprints)."""
+        fps = self._check_fps(fps)
+        with self._read() as txn:
+            result, records = self._search(txn, fps, min_time)
+            if records is None:
+                records = self._records(txn, result.entries)
+        return result, _reorder(records, np.searchsorted(records.entries, result.entries))
+
     def entries(self, keys: np.ndarray) -> EntryRecords:
         """Ids, fingerprints, times, payloads and origins of entry keys from ``search``, in bulk."""
         keys = np.asarray(keys, dtype=np.uint64)
