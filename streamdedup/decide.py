@@ -129,6 +129,21 @@ class Deduplicator:
             return np.ones(len(candidate_times), dtype=bool)
         return candidate_times >= query_times - self._max_age
 
+    def _ranked(
+        self,
+        rows: np.ndarray,
+        candidates: np.ndarray,
+        distances: np.ndarray,
+        jaccard: np.ndarray,
+        candidate_times: np.ndarray,
+        row_times: np.ndarray,
+    ) -> np.ndarray:
+        """Indices of the acceptable (row, candidate) pairs, best first within each row: nearest, then most
+        overlapping, then earliest candidate."""
+        ok = self._fresh(candidate_times, row_times) & self._accepts(jaccard)
+        order = np.lexsort((candidates, -jaccard, distances, rows))
+        return order[ok[order]]
+
     def _stored_matches(
         self,
         ids: list[str],
@@ -147,10 +162,10 @@ class Deduplicator:
         query = rows[found.rows]
         stored_sketches = records.payloads.view(np.uint64)
         jaccard = self.sketcher.jaccard(sketches[query], stored_sketches)
-        own = np.fromiter((stored == ids[q] for stored, q in zip(records.ids, query.tolist())), dtype=bool)
-        ok = self._fresh(records.times, times[query]) & self._accepts(jaccard) & ~own
-        order = np.lexsort((found.entries, -jaccard, found.distances, query))
-        order = order[ok[order]]
+        order = self._ranked(query, found.entries, found.distances, jaccard, records.times, times[query])
+        # A replayed document is not its own duplicate.
+        replayed = np.fromiter((records.ids[i] == ids[query[i]] for i in order.tolist()), dtype=bool, count=len(order))
+        order = order[~replayed]
         first = order[np.unique(query[order], return_index=True)[1]]
         return {
             int(query[i]): (records.ids[i], int(found.distances[i]), float(jaccard[i])) for i in first.tolist()
@@ -172,9 +187,7 @@ class Deduplicator:
         if not len(earlier):
             return
         jaccard = self.sketcher.jaccard(sketches[later], sketches[earlier])
-        ok = self._fresh(times[earlier], times[later]) & self._accepts(jaccard)
-        earlier, later, distances, jaccard = earlier[ok], later[ok], distances[ok], jaccard[ok]
-        order = np.lexsort((earlier, -jaccard, distances, later))
+        order = self._ranked(later, earlier, distances, jaccard, times[earlier], times[later])
         # Only documents with an in-batch candidate reach this loop; each decision needs the earlier ones.
         for i in order.tolist():
             row, candidate = int(later[i]), int(earlier[i])
