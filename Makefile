@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: test demo bench venv clean
+.PHONY: test demo bench venv clean promtool kafka
 
 venv: $(INSTALLED)
 
@@ -14,13 +14,24 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,bench]'
 	touch $@
 
-test: $(INSTALLED)
+test: $(INSTALLED) promtool kafka
 	$(PY) -m pytest
 
-demo: $(INSTALLED)
+# promtool and the Prometheus server come from Debian's prometheus package; the tests run their own server
+# on free ports, so the packaged service is stopped if the install started it.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus && \
+		{ systemctl stop prometheus 2>/dev/null || true; }; }
+
+# The local Kafka broker's jars, fetched once from Maven Central into ~/.cache (java and mvn from apt if missing).
+kafka:
+	deploy/kafka/kafka.sh fetch
+
+demo: $(INSTALLED) kafka
 	$(VENV)/bin/streamdedup demo --config config.yaml
 
-bench: $(INSTALLED)
+bench: $(INSTALLED) kafka
 	$(VENV)/bin/streamdedup bench all
 
 clean:

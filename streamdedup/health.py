@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from types import TracebackType
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+
+from .lifecycle import Lifecycle
 
 __all__ = ["HealthServer", "ReadinessCheck"]
 
@@ -24,7 +25,7 @@ ReadinessCheck = Callable[[], Mapping[str, bool]]
 "producer_ready": False}``; the service is ready when every condition holds."""
 
 
-class HealthServer:
+class HealthServer(Lifecycle):
     """Serves the three endpoints on ``host:port`` (port 0 picks a free port; see :attr:`port`).
 
     liveness: conditions that must hold for the process to be worth keeping (a crashed consume loop makes it
@@ -79,15 +80,6 @@ class HealthServer:
         runner, self._runner, self._port = self._runner, None, None
         if runner is not None:
             await runner.cleanup()
-
-    async def __aenter__(self) -> HealthServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     async def _metrics(self, request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))

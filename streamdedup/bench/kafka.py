@@ -1,0 +1,311 @@
+"""``streamdedup bench kafka``: the service against a bare aiokafka passthrough, on the local broker, same run.
+
+Both read the same 100k tweet-sized JSON messages with the same consumer settings and batch size and publish
+in one Kafka transaction per batch with the input offsets (the passthrough is transactional too, so the
+comparison isolates what the service adds: decoding, fingerprinting, the index, headers). Throughput is
+measured on a backlog from the first consumed record to the last commit. Latency is measured separately
+under a steady produce rate: output arrival time minus the time the message was produced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from ..kafka.admin import ensure_topics
+from ..kafka.broker import LocalBroker
+from ..service import DedupService
+from ..settings import Settings
+
+__all__ = ["main"]
+
+_EPOCH = 1_700_000_000.0
+
+
+def main(options: list[str], settings: Settings) -> int:
+    parser = argparse.ArgumentParser(prog="streamdedup bench kafka", description=__doc__)
+    parser.add_argument("--messages", type=int, default=100_000, help="backlog size for throughput")
+    parser.add_argument("--rate", type=int, default=2000, help="messages/s produced in the latency phase")
+    parser.add_argument("--latency-seconds", type=float, default=10.0, help="length of the latency phase")
+    parser.add_argument("--bootstrap", default=None, help="use this broker instead of the local one")
+    args = parser.parse_args(options)
+
+    broker = None if args.bootstrap else LocalBroker(Path("var") / "kafka")
+    was_running = broker is None or broker.running()
+    bootstrap = args.bootstrap or broker.start()  # type: ignore[union-attr]
+    try:
+        return asyncio.run(_bench(settings, bootstrap, args))
+    finally:
+        if broker is not None and not was_running:
+            broker.stop()
+
+
+async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -> int:
+    texts = _tweets(args.messages, seed=1)
+    batch = settings.kafka.batch_max_records
+    print(f"broker {bootstrap}; {args.messages} messages of {np.mean([len(t) for t in texts]):.0f} chars on average; "
+          f"batches of up to {batch} records, one transaction each (both sides)")
+
+    work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
+    input_topic, pass_out, svc_out = await _topics(bootstrap, "input", "passthrough-out", "service-out")
+    await _produce(bootstrap, input_topic, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
+
+    passthrough = await _passthrough_throughput(settings, bootstrap, input_topic, pass_out, args.messages)
+    service = await _service_throughput(settings, bootstrap, input_topic, svc_out, args.messages, work / "index-1")
+
+    latency_in, lat_pass_out, latency_in2, lat_svc_out = await _topics(
+        bootstrap, "latency-pass-in", "latency-pass-out", "latency-svc-in", "latency-svc-out"
+    )
+    pass_lat = await _latency(
+        bootstrap, latency_in, lat_pass_out, args,
+        lambda stop: _passthrough_loop(settings, bootstrap, latency_in, lat_pass_out, stop, None),
+    )
+    svc_lat = await _latency(
+        bootstrap, latency_in2, lat_svc_out, args,
+        lambda stop: _service_loop(settings, bootstrap, latency_in2, lat_svc_out, work / "index-2", stop),
+    )
+
+    print()
+    print(f"{'':28}{'passthrough':>14}{'streamdedup':>14}{'ratio':>9}")
+    print(f"{'throughput (msg/s)':28}{passthrough:14,.0f}{service:14,.0f}{service / passthrough:9.2f}   (goal >= 0.50)")
+    for name, q in (("latency p50 (ms)", 50), ("latency p99 (ms)", 99)):
+        a, b = np.percentile(pass_lat, q) * 1000, np.percentile(svc_lat, q) * 1000
+        print(f"{name:28}{a:14.1f}{b:14.1f}{b / a:9.2f}")
+    print(f"latency phase: {args.rate} msg/s for {args.latency_seconds:.0f} s; "
+          f"{len(pass_lat)} / {len(svc_lat)} messages measured (the service publishes only novel ones)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- throughput
+
+
+async def _passthrough_throughput(settings: Settings, bootstrap: str, source: str, sink: str, n: int) -> float:
+    progress = _Progress()
+    stop = asyncio.Event()
+    task = asyncio.create_task(_passthrough_loop(settings, bootstrap, source, sink, stop, progress))
+    try:
+        async with asyncio.timeout(600):
+            while progress.count < n:
+                await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await task
+    return progress.rate()
+
+
+async def _service_throughput(settings: Settings, bootstrap: str, source: str, sink: str, n: int, index: Path) -> float:
+    service = DedupService(_service_settings(settings, bootstrap, source, sink, index))
+    progress = _Progress()
+    async with service:
+        async with asyncio.timeout(600):
+            while service.stats.consumed < n:
+                progress.update(service.stats.consumed)
+                await asyncio.sleep(0.01)
+        progress.update(service.stats.consumed)
+    return progress.rate()
+
+
+class _Progress:
+    """Records consumed over time, from the first record seen to the last."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._first: tuple[float, int] | None = None
+        self._last: tuple[float, int] | None = None
+
+    def update(self, count: int) -> None:
+        if count > self.count:
+            now = time.perf_counter()
+            if self._first is None:
+                self._first = (now, count)
+            self._last = (now, count)
+            self.count = count
+
+    def rate(self) -> float:
+        assert self._first is not None and self._last is not None
+        return (self._last[1] - self._first[1]) / max(self._last[0] - self._first[0], 1e-9)
+
+
+async def _passthrough_loop(
+    settings: Settings, bootstrap: str, source: str, sink: str, stop: asyncio.Event, progress: _Progress | None
+) -> None:
+    """Consume, produce the same records, commit offsets: one transaction per batch, nothing else."""
+    kafka = settings.kafka
+    group = f"bench-pass-{uuid.uuid4().hex[:8]}"
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        transactional_id=group,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=kafka.linger_ms,
+        max_batch_size=min(1_048_576, kafka.max_request_bytes),
+        max_request_size=kafka.max_request_bytes,
+    )
+    consumer = AIOKafkaConsumer(
+        source,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        fetch_max_bytes=kafka.fetch_max_bytes,
+    )
+    await producer.start()
+    await consumer.start()
+    done = 0
+    try:
+        while not stop.is_set():
+            fetched = await consumer.getmany(timeout_ms=kafka.batch_timeout_ms, max_records=kafka.batch_max_records)
+            records = [r for tp in sorted(fetched) for r in fetched[tp]]
+            if not records:
+                continue
+            async with producer.transaction():
+                sent = [await producer.send(sink, r.value, key=r.key, headers=list(r.headers)) for r in records]
+                await asyncio.gather(*sent)
+                offsets = {tp: batch[-1].offset + 1 for tp, batch in fetched.items() if batch}
+                await producer.send_offsets_to_transaction(offsets, group)
+            done += len(records)
+            if progress is not None:
+                progress.update(done)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+async def _service_loop(settings: Settings, bootstrap: str, source: str, sink: str, index: Path, stop: asyncio.Event) -> None:
+    async with DedupService(_service_settings(settings, bootstrap, source, sink, index)):
+        await stop.wait()
+
+
+def _service_settings(settings: Settings, bootstrap: str, source: str, sink: str, index: Path) -> Settings:
+    unique = uuid.uuid4().hex[:8]
+    kafka = settings.kafka.model_copy(
+        update={
+            "bootstrap_servers": bootstrap,
+            "input_topics": [source],
+            "output_topic": sink,
+            "duplicates_topic": None,
+            "dead_letter_topic": f"{sink}-dlq",
+            "group_id": f"bench-svc-{unique}",
+            "transactional_id": f"bench-svc-{unique}",
+        }
+    )
+    return settings.model_copy(
+        update={
+            "kafka": kafka,
+            "index": settings.index.model_copy(update={"path": index}),
+            "metrics": settings.metrics.model_copy(update={"enabled": False}),
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------- latency
+
+
+async def _latency(
+    bootstrap: str,
+    source: str,
+    sink: str,
+    args: argparse.Namespace,
+    pipeline: Callable[[asyncio.Event], object],
+) -> np.ndarray:
+    """Produce at a steady rate into ``source`` while ``pipeline`` runs; seconds from produce to ``sink``."""
+    stop = asyncio.Event()
+    runner = asyncio.create_task(pipeline(stop))  # type: ignore[arg-type]
+    reader_stop = asyncio.Event()
+    latencies: list[float] = []
+    reader = asyncio.create_task(_read_latencies(bootstrap, sink, latencies, reader_stop))
+    try:
+        await asyncio.sleep(3)  # group join and first fetch, outside the measurement
+        texts = _tweets(int(args.rate * args.latency_seconds), seed=2)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+        await producer.start()
+        try:
+            started = time.perf_counter()
+            for i, text in enumerate(texts):
+                due = started + i / args.rate
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await producer.send(source, _value(text, time.time()))
+            await producer.flush()
+        finally:
+            await producer.stop()
+        await asyncio.sleep(3)  # let the tail drain
+    finally:
+        stop.set()
+        await runner
+        reader_stop.set()
+        await reader
+    return np.array(latencies)
+
+
+async def _read_latencies(bootstrap: str, topic: str, out: list[float], stop: asyncio.Event) -> None:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        while not stop.is_set():
+            for record in (await consumer.getmany(tp, timeout_ms=50)).get(tp, []):
+                out.append(time.time() - json.loads(record.value)["sent"])
+    finally:
+        await consumer.stop()
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+async def _topics(bootstrap: str, *names: str) -> list[str]:
+    unique = uuid.uuid4().hex[:8]
+    topics = [f"bench-{unique}-{name}" for name in names]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await ensure_topics(admin, dict.fromkeys(topics, 1))
+    finally:
+        await admin.close()
+    return topics
+
+
+async def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1_048_576)
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, value) for value in values]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+def _value(text: str, sent: float) -> bytes:
+    return json.dumps({"text": text, "sent": sent}).encode()
+
+
+def _tweets(n: int, seed: int) -> list[str]:
+    """Tweet-sized texts (10-25 words, ~140 chars); about 30% are lightly edited copies of earlier ones."""
+    rng = random.Random(seed)
+    vocabulary = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(20_000)
+    ]
+    texts: list[str] = []
+    for _ in range(n):
+        if texts and rng.random() < 0.3:
+            words = rng.choice(texts).split()
+            words[rng.randrange(len(words))] = rng.choice(vocabulary)
+            texts.append(" ".join(words))
+        else:
+            texts.append(" ".join(rng.choices(vocabulary, k=rng.randint(10, 25))))
+    return texts

@@ -1,0 +1,175 @@
+"""``streamdedup demo``: a local broker, the service, the bundled sample feed, and a summary of what happened."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from .document import Document, DocumentDecoder
+from .kafka.admin import ensure_topics
+from .kafka.broker import LocalBroker
+from .service import DedupService, ServiceStats
+from .settings import Settings
+
+__all__ = ["SAMPLE_FEED", "run_demo"]
+
+SAMPLE_FEED = resources.files("streamdedup") / "data" / "sample_feed.jsonl"
+
+# Records every feed has trouble with sooner or later; the demo sends them to show the dead-letter topic.
+_BAD_RECORDS: tuple[bytes | None, ...] = (b'{"text": "a record cut off mid-', b'{"text": "caf\xe9 latin-1"}', None)
+
+
+@dataclass(frozen=True)
+class _Run:
+    settings: Settings
+    lines: list[bytes | None]
+
+
+def run_demo(
+    settings: Settings,
+    *,
+    feed: Path | None = None,
+    keep_broker: bool = False,
+    bootstrap: str | None = None,
+    work_dir: Path = Path("var"),
+) -> int:
+    """Run the demo; with ``bootstrap`` it uses that broker instead of starting the local one."""
+    feed_path = Path(str(feed or SAMPLE_FEED))
+    if not feed_path.is_file():
+        print(f"streamdedup demo: feed not found: {feed_path}")
+        return 1
+    if feed is None:
+        # The bundled feed carries its own ids and event times.
+        settings = settings.model_copy(
+            update={"input": settings.input.model_copy(update={"id_field": "id", "time_field": "time"})}
+        )
+    broker = None
+    if bootstrap is None:
+        broker = LocalBroker(work_dir / "kafka")
+        keep_broker = keep_broker or broker.running()
+        print("starting the local Kafka broker (the first run fetches it from Maven Central) ...", flush=True)
+        bootstrap = broker.start()
+    print(f"broker: {bootstrap}")
+    try:
+        run = _prepare(settings, bootstrap, feed_path, work_dir)
+        stats, published = asyncio.run(_demo(run))
+        _print_summary(run, stats, published)
+    finally:
+        if broker is not None and not keep_broker:
+            broker.stop()
+            print("broker stopped")
+    return 0
+
+
+def _prepare(settings: Settings, bootstrap: str, feed_path: Path, work_dir: Path) -> _Run:
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    kafka = settings.kafka.model_copy(
+        update={
+            "bootstrap_servers": bootstrap,
+            "input_topics": [f"demo-{run_id}-input"],
+            "output_topic": f"demo-{run_id}-output",
+            "duplicates_topic": f"demo-{run_id}-duplicates",
+            "dead_letter_topic": f"demo-{run_id}-dead-letters",
+            "group_id": f"demo-{run_id}",
+            "transactional_id": f"demo-{run_id}",
+        }
+    )
+    index = settings.index.model_copy(update={"path": work_dir / "demo" / run_id / "index"})
+    metrics = settings.metrics.model_copy(update={"host": "127.0.0.1", "port": 0})
+    demo_settings = settings.model_copy(update={"kafka": kafka, "index": index, "metrics": metrics})
+    lines: list[bytes | None] = [line.rstrip(b"\r\n") for line in feed_path.read_bytes().splitlines() if line.strip()]
+    return _Run(demo_settings, [*lines, *_BAD_RECORDS])
+
+
+async def _demo(run: _Run) -> tuple[ServiceStats, int]:
+    kafka = run.settings.kafka
+    topic = kafka.input_topics[0]
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        await ensure_topics(admin, {topic: 1})
+    finally:
+        await admin.close()
+    async with DedupService(run.settings) as service:
+        print(f"service up; metrics on http://127.0.0.1:{service.health_port}/metrics")
+        print(f"feeding {len(run.lines)} records into {topic} ...", flush=True)
+        await _produce(kafka.bootstrap_servers, topic, run.lines)
+        async with asyncio.timeout(300):
+            while service.stats.consumed < len(run.lines):
+                if not service.running:
+                    await service.wait()  # raises what ended the loop
+                await asyncio.sleep(0.2)
+        stats = service.stats
+    published = await _count_committed(kafka.bootstrap_servers, kafka.output_topic)
+    return stats, published
+
+
+async def _produce(bootstrap: str, topic: str, values: Sequence[bytes | None]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        # A null value needs a key (Kafka's tombstones); the others go without.
+        sent = [await producer.send(topic, value, key=None if value else b"tombstone") for value in values]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+async def _count_committed(bootstrap: str, topic: str) -> int:
+    """Records in ``topic`` as a read_committed consumer sees them (what downstream really gets)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        count = 0
+        async with asyncio.timeout(60):
+            while await consumer.position(tp) < end:
+                count += len((await consumer.getmany(tp, timeout_ms=500)).get(tp, []))
+        return count
+    finally:
+        await consumer.stop()
+
+
+def _print_summary(run: _Run, stats: ServiceStats, published: int) -> None:
+    topic = run.settings.kafka.input_topics[0]
+    decoder = DocumentDecoder(run.settings.input)
+    texts = {}
+    for offset, line in enumerate(run.lines):
+        item = decoder.decode(line, default_id=f"{topic}-0-{offset}", timestamp=0.0)
+        if isinstance(item, Document):
+            texts[item.id] = item.text
+    dropped = sum(stats.dropped.values())
+    print()
+    print("summary")
+    print(f"  consumed:       {stats.consumed}")
+    print(f"  published:      {published} (read back from {run.settings.kafka.output_topic}, read_committed)")
+    print(f"  dropped:        {dropped} ({', '.join(f'{k} {v}' for k, v in sorted(stats.dropped.items())) or 'none'})")
+    print(f"  dead-lettered:  {sum(stats.dead_lettered.values())} ({_reasons(stats)})")
+    print(f"  transactions:   {stats.transactions}")
+    if stats.examples:
+        print("  examples of dropped duplicates:")
+        for doc_id, match_id, distance in stats.examples:
+            print(f"    {doc_id} duplicates {match_id} (Hamming distance {distance})")
+            print(f"      dropped: {_short(texts.get(doc_id, '?'))}")
+            print(f"      kept:    {_short(texts.get(match_id, '?'))}")
+
+
+def _reasons(stats: ServiceStats) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(stats.dead_lettered.items())) or "none"
+
+
+def _short(text: str, width: int = 100) -> str:
+    flat = json.dumps(text, ensure_ascii=False)[1:-1]
+    return flat if len(flat) <= width else flat[: width - 1] + "…"

@@ -1,0 +1,157 @@
+"""Raw record bytes -> Document, or DeadLetter naming why not. Shared by the Kafka service and the offline mode.
+
+No Kafka here: the caller passes the value bytes, a default id (the service uses topic-partition-offset) and a
+default event time (the service uses the record timestamp).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .names import (
+    DEAD_LETTER_EMPTY_TEXT,
+    DEAD_LETTER_INVALID_JSON,
+    DEAD_LETTER_MISSING_FIELD,
+    DEAD_LETTER_NOT_UTF8,
+    DEAD_LETTER_NULL_VALUE,
+    DEAD_LETTER_TOO_LARGE,
+)
+from .settings import InputSettings
+
+__all__ = ["DeadLetter", "Document", "DocumentDecoder"]
+
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One document to deduplicate. ``time`` is its event time (epoch seconds); ``origin`` its source
+    (topic, partition, offset) when it came from Kafka."""
+
+    id: str
+    text: str
+    time: float
+    origin: tuple[str, int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record that cannot become a Document: ``reason`` is one of names.DEAD_LETTER_REASONS, ``detail`` a
+    readable explanation for that record alone, ``id`` the id it would have had by default."""
+
+    reason: str
+    detail: str
+    id: str
+
+
+class DocumentDecoder:
+    """Decodes record values per :class:`InputSettings` (JSON with field paths, or raw UTF-8 text)."""
+
+    def __init__(self, settings: InputSettings) -> None:
+        self.settings = settings
+        self._text_paths = [_split_path(path) for path in settings.text_fields]
+        self._id_path = _split_path(settings.id_field) if settings.id_field else None
+        self._time_path = _split_path(settings.time_field) if settings.time_field else None
+
+    def decode(self, value: bytes | None, *, default_id: str, timestamp: float) -> Document | DeadLetter:
+        """A Document, or a DeadLetter for this value alone; never raises for bad input."""
+        if value is None:
+            return DeadLetter(DEAD_LETTER_NULL_VALUE, "the record has no value (null / tombstone)", default_id)
+        if len(value) > self.settings.max_message_bytes:
+            return DeadLetter(
+                DEAD_LETTER_TOO_LARGE,
+                f"value is {len(value)} bytes, over max_message_bytes={self.settings.max_message_bytes}",
+                default_id,
+            )
+        try:
+            decoded = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return DeadLetter(DEAD_LETTER_NOT_UTF8, f"value is not UTF-8: {exc.reason} at byte {exc.start}", default_id)
+        if self.settings.format == "text":
+            return self._document(default_id, decoded, timestamp, default_id)
+        try:
+            record = json.loads(decoded)
+        except json.JSONDecodeError as exc:
+            return DeadLetter(DEAD_LETTER_INVALID_JSON, f"invalid JSON: {exc}", default_id)
+        except RecursionError:
+            return DeadLetter(DEAD_LETTER_INVALID_JSON, "invalid JSON: nested too deeply", default_id)
+        if not isinstance(record, dict):
+            return DeadLetter(
+                DEAD_LETTER_INVALID_JSON, f"expected a JSON object, got {type(record).__name__}", default_id
+            )
+        return self._from_json(record, default_id, timestamp)
+
+    def _from_json(self, record: dict[str, Any], default_id: str, timestamp: float) -> Document | DeadLetter:
+        parts = []
+        for path, name in zip(self._text_paths, self.settings.text_fields):
+            text = _scalar_text(_lookup(record, path))
+            if text is None:
+                return DeadLetter(DEAD_LETTER_MISSING_FIELD, f"no text at field {name!r}", default_id)
+            parts.append(text)
+        doc_id = default_id
+        if self._id_path is not None:
+            found = _scalar_text(_lookup(record, self._id_path))
+            if not found:
+                return DeadLetter(DEAD_LETTER_MISSING_FIELD, f"no id at field {self.settings.id_field!r}", default_id)
+            doc_id = found
+        if self._time_path is not None:
+            time = _event_time(_lookup(record, self._time_path))
+            if time is None:
+                return DeadLetter(
+                    DEAD_LETTER_MISSING_FIELD,
+                    f"no event time (epoch seconds or ISO 8601) at field {self.settings.time_field!r}",
+                    default_id,
+                )
+            timestamp = time
+        return self._document(doc_id, self.settings.text_separator.join(parts), timestamp, default_id)
+
+    def _document(self, doc_id: str, text: str, time: float, default_id: str) -> Document | DeadLetter:
+        if not text.strip():
+            return DeadLetter(DEAD_LETTER_EMPTY_TEXT, "the text is empty or only whitespace", default_id)
+        return Document(doc_id, text, time)
+
+
+def _split_path(path: str) -> list[str]:
+    return path.split(".")
+
+
+def _lookup(record: Any, path: list[str]) -> Any:
+    """Follow a dotted path through objects (by key) and arrays (by integer index)."""
+    node = record
+    for part in path:
+        if isinstance(node, dict):
+            node = node.get(part, _MISSING)
+        elif isinstance(node, list) and part.lstrip("-").isdigit() and -len(node) <= int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+        if node is _MISSING:
+            return _MISSING
+    return node
+
+
+def _scalar_text(value: Any) -> str | None:
+    """Strings as they are, numbers as written; null, objects, arrays and booleans are not text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def _event_time(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return parsed.timestamp()
+    return None

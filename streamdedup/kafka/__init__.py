@@ -1,0 +1,31 @@
+"""Kafka wrappers: consumer, transactional producer, outgoing records (dead letters), topics, the local broker.
+
+No hashing and no index here: the service composes these with the decision core.
+"""
+
+from __future__ import annotations
+
+from .admin import ensure_topics, partition_counts
+from .broker import KAFKA_SCRIPT, BrokerError, LocalBroker
+from .clients import common_options, security_options
+from .consumer import BatchConsumer, RebalanceHandler
+from .producer import TransactionalProducer
+from .records import OutgoingRecord, dead_letter, duplicate, fingerprint_hex, novel
+
+__all__ = [
+    "KAFKA_SCRIPT",
+    "BatchConsumer",
+    "BrokerError",
+    "LocalBroker",
+    "OutgoingRecord",
+    "RebalanceHandler",
+    "TransactionalProducer",
+    "common_options",
+    "dead_letter",
+    "duplicate",
+    "ensure_topics",
+    "fingerprint_hex",
+    "novel",
+    "partition_counts",
+    "security_options",
+]

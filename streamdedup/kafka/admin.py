@@ -1,0 +1,41 @@
+"""Topic administration the service and the demo need: partition counts, create-if-missing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+__all__ = ["ensure_topics", "partition_counts"]
+
+
+async def partition_counts(admin: AIOKafkaAdminClient, topics: Iterable[str]) -> dict[str, int]:
+    """Partitions of each topic that exists and has a leader for every partition (others are left out)."""
+    counts: dict[str, int] = {}
+    for description in await admin.describe_topics(list(topics)):
+        partitions = description["partitions"]
+        if description["error_code"] == 0 and partitions and all(p["leader"] >= 0 for p in partitions):
+            counts[description["topic"]] = len(partitions)
+    return counts
+
+
+async def ensure_topics(
+    admin: AIOKafkaAdminClient, topics: Mapping[str, int], *, replication_factor: int = 1, timeout: float = 30.0
+) -> None:
+    """Create the topics (name -> partitions) that do not exist yet and wait until each has its leaders."""
+    existing = await partition_counts(admin, topics)
+    missing = [
+        NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)
+        for name, partitions in topics.items()
+        if name not in existing
+    ]
+    if missing:
+        try:
+            await admin.create_topics(missing)
+        except TopicAlreadyExistsError:
+            pass  # another process created it between our look and our create
+    async with asyncio.timeout(timeout):
+        while len(await partition_counts(admin, topics)) < len(topics):
+            await asyncio.sleep(0.1)

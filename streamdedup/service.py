@@ -1,0 +1,503 @@
+"""The Kafka service: asyncio lifecycle around the decision core, exactly-once from input to output.
+
+One batch: ``getmany`` -> decode -> ``Deduplicator.decide`` (one LMDB transaction: the kept fingerprints and
+the input offsets after the batch) -> one Kafka transaction (novel records, duplicates, dead letters and the
+input offsets) -> commit. LMDB commits first, so the index is never behind Kafka; when Kafka did not commit
+(crash, outage), start-up and every new assignment roll the index back to the Kafka-committed offsets and the
+batch is replayed with the same verdicts. Batch N+1 is decided while batch N's transaction commits.
+
+One instance must own every input partition (the index is local to it). A partial assignment means another
+instance joined the group: the service says so loudly and processes nothing until it owns everything again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import signal
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord
+
+from .decide import Deduplicator, Verdict
+from .document import DeadLetter, Document, DocumentDecoder
+from .health import HealthServer
+from .index import SegmentIndex
+from .kafka.admin import ensure_topics
+from .kafka.clients import common_options
+from .kafka.consumer import BatchConsumer
+from .kafka.producer import TransactionalProducer
+from .kafka.records import OutgoingRecord, dead_letter, duplicate, novel
+from .lifecycle import Lifecycle
+from .metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
+from .names import DEAD_LETTER_REASONS
+from .offline import open_index
+from .settings import Settings
+
+__all__ = ["DedupService", "ServiceStats", "run_service"]
+
+log = logging.getLogger(__name__)
+
+# Index size gauges read LMDB statistics; refreshing them every batch would cost more than it tells.
+_INDEX_STATS_INTERVAL_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """A decided batch waiting for its Kafka transaction."""
+
+    records: Sequence[ConsumerRecord]
+    next_offsets: dict[TopicPartition, int]
+    verdicts: list[Verdict]
+    outgoing: list[OutgoingRecord]
+    dropped: list[tuple[Document, Verdict]]
+    dead: list[DeadLetter]
+    started: float
+
+
+@dataclass
+class ServiceStats:
+    """Running totals since start (the demo prints them; metrics carry the same counts)."""
+
+    consumed: int = 0
+    published: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    dead_lettered: Counter[str] = field(default_factory=Counter)
+    transactions: int = 0
+    examples: list[tuple[str, str, int]] = field(default_factory=list)
+    """(duplicate id, id it duplicates, Hamming distance) of the first few duplicates."""
+
+
+class DedupService(Lifecycle):
+    """``start()`` opens the index and launches the consume loop; ``stop()`` finishes the batch and closes.
+
+    ``wait()`` returns when the loop ends (after ``stop()``/``request_stop()``) and raises what ended it.
+    """
+
+    def __init__(self, settings: Settings, *, metrics: ServiceMetrics | None = None, max_examples: int = 5) -> None:
+        self.settings = settings
+        kafka = settings.kafka
+        radius = settings.index.radius
+        self.metrics = metrics or ServiceMetrics(
+            # Without a radius cutoff, distances past 64 bits share the histogram's last bucket.
+            radius=radius if radius is not None else min(settings.fingerprint.width, 64),
+            dead_letter_reasons=DEAD_LETTER_REASONS,
+            input_topics=kafka.input_topics,
+            output_topics=self._output_topics(),
+        )
+        self.stats = ServiceStats()
+        self._max_examples = max_examples
+        self._decoder = DocumentDecoder(settings.input)
+        self._index: SegmentIndex | None = None
+        self._dedup: Deduplicator | None = None
+        self._health: HealthServer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._batch_lock = asyncio.Lock()
+        self._needs_reconcile = False
+        self._split = False
+        self._assigned: frozenset[TopicPartition] = frozenset()
+        self._reconciled: frozenset[TopicPartition] | None = None
+        self._in_flight: asyncio.Task[None] | None = None
+        self._producer_ready = False
+        self._index_stats_at = 0.0
+        self._newest_event_time = -math.inf
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._index = open_index(self.settings, self.settings.index.path)
+        self._dedup = Deduplicator(self.settings, self._index)
+        if self.settings.metrics.enabled:
+            self._health = HealthServer(
+                self.metrics.registry,
+                self._readiness,
+                host=self.settings.metrics.host,
+                port=self.settings.metrics.port,
+                liveness=self._liveness,
+            )
+            await self._health.start()
+        self._task = asyncio.create_task(self._main(), name="streamdedup-service")
+
+    def request_stop(self) -> None:
+        """Ask the loop to finish the current batch, commit it and end (safe from a signal handler)."""
+        self._stopping.set()
+
+    async def wait(self) -> None:
+        if self._task is None:
+            raise RuntimeError("the service is not started")
+        await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Idempotent: finish the batch, commit, leave the group, close the index."""
+        self.request_stop()
+        task, self._task = self._task, None
+        try:
+            if task is not None:
+                await task
+        finally:
+            if self._health is not None:
+                await self._health.stop()
+                self._health = None
+            if self._index is not None:
+                self._index.close()
+                self._index = None
+                self._dedup = None
+
+    @property
+    def running(self) -> bool:
+        """False once the consume loop has ended (stopped, or failed: ``wait()`` raises why)."""
+        return self._task is not None and not self._task.done()
+
+    @property
+    def health_port(self) -> int | None:
+        return self._health.port if self._health is not None else None
+
+    def _readiness(self) -> Mapping[str, bool]:
+        return {
+            "partitions_assigned": bool(self._assigned) and not self._split,
+            "index_open": self._index is not None,
+            "producer_ready": self._producer_ready,
+        }
+
+    def _liveness(self) -> Mapping[str, bool]:
+        return {"consume_loop_running": self._task is not None and not self._task.done()}
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _main(self) -> None:
+        kafka = self.settings.kafka
+        backoff = kafka.retry_backoff_seconds
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                await self._session()
+            except (KafkaError, OSError, TimeoutError) as exc:
+                if time.monotonic() - started > kafka.retry_backoff_max_seconds:
+                    backoff = kafka.retry_backoff_seconds  # the last session worked for a while
+                log.warning("Kafka error (%r); recreating the clients in %.1f s", exc, backoff)
+                await self._sleep_unless_stopping(backoff)
+                backoff = min(backoff * 2, kafka.retry_backoff_max_seconds)
+        log.info("stopped", extra={"consumed": self.stats.consumed, "published": self.stats.published})
+
+    async def _session(self) -> None:
+        """One life of the Kafka clients; a Kafka, network or timeout error ends it and the caller starts anew."""
+        kafka = self.settings.kafka
+        self._needs_reconcile = False
+        self._reconciled = None
+        self._split = False
+        # The producer starts first: it fences an earlier incarnation and completes its open transaction,
+        # so the committed offsets read during reconciliation are final.
+        async with TransactionalProducer(kafka) as producer:
+            if kafka.create_topics:
+                await self._create_output_topics()
+            consumer = BatchConsumer(
+                kafka,
+                max_message_bytes=self.settings.input.max_message_bytes,
+                on_assigned=self._on_assigned,
+                on_revoked=self._on_revoked,
+            )
+            async with consumer:
+                self._producer_ready = True
+                try:
+                    await self._consume(consumer, producer)
+                finally:
+                    self._producer_ready = False
+                    self._assigned = frozenset()
+
+    async def _consume(self, consumer: BatchConsumer, producer: TransactionalProducer) -> None:
+        """Batch N+1 is decided (LMDB) while batch N's transaction commits; transactions stay one at a time.
+
+        The index may then run up to two batches ahead of Kafka, which reconciliation undoes like one.
+        """
+        try:
+            while not self._stopping.is_set():
+                records = await consumer.batch()
+                # aiokafka may hand out records of a new assignment before the rebalance listener ran:
+                # nothing is processed until the index is reconciled with exactly the current assignment.
+                # Records fetched before that are dropped here and fetched again from the committed offsets.
+                if self._needs_reconcile or consumer.assignment() != self._reconciled:
+                    await self._settle()
+                    await self._reconcile(consumer)
+                    continue
+                if self._split or not records:
+                    await self._settle()  # nothing else to do: finish the open transaction now
+                    continue
+                async with self._batch_lock:
+                    if self._needs_reconcile or consumer.assignment() != self._reconciled:
+                        continue  # a rebalance happened while we waited for the lock
+                    decided = await self._decide(records)
+                    await self._settle()
+                    self._in_flight = asyncio.create_task(self._publish(decided, consumer, producer))
+        finally:
+            await self._settle()
+
+    async def _settle(self) -> None:
+        """Wait for the transaction in flight; its failure ends the session (the caller recreates clients)."""
+        task, self._in_flight = self._in_flight, None
+        if task is not None:
+            await task
+
+    async def _on_revoked(self, revoked: frozenset[TopicPartition]) -> None:
+        # Waits for the batch in flight: its transaction ends before the partitions move. A failure is left
+        # in the task for the consume loop to raise.
+        async with self._batch_lock:
+            if self._in_flight is not None:
+                await asyncio.wait([self._in_flight])
+            self._assigned = frozenset()
+
+    async def _on_assigned(self, assigned: frozenset[TopicPartition]) -> None:
+        async with self._batch_lock:
+            self._assigned = assigned
+            self._needs_reconcile = True
+
+    async def _reconcile(self, consumer: BatchConsumer) -> None:
+        """Check that this instance owns every input partition; roll the index back to Kafka's offsets."""
+        assigned = consumer.assignment()
+        everything = consumer.subscribed_partitions()
+        self.metrics.record_assignment([(tp.topic, tp.partition) for tp in assigned])
+        missing = everything - assigned
+        if missing or not everything:
+            if missing:
+                log.error(
+                    "ANOTHER INSTANCE IS IN CONSUMER GROUP %r: this one was assigned %d of %d input partitions "
+                    "(missing %s). The index is local to one instance, so splitting the input would let "
+                    "duplicates through; processing NOTHING until this instance owns every partition again. "
+                    "Stop the other instance (scale-out is not supported yet).",
+                    self.settings.kafka.group_id,
+                    len(assigned),
+                    len(everything),
+                    ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(missing)),
+                )
+            else:
+                log.warning("input topics %s have no partitions (yet)", self.settings.kafka.input_topics)
+            consumer.pause(assigned)
+            self._split = True
+            self._needs_reconcile = False
+            self._reconciled = assigned
+            return
+        consumer.resume(assigned)
+        self._split = False
+        committed = await consumer.committed(assigned)
+        assert self._index is not None
+        stored = self._index.source_offsets()
+        # LMDB commits before Kafka, so the index is at or ahead of Kafka; behind means it lost data.
+        behind = {
+            tp: stored.get((tp.topic, tp.partition), 0)
+            for tp, offset in committed.items()
+            if stored.get((tp.topic, tp.partition), 0) < offset
+        }
+        if behind:
+            log.warning(
+                "the index is behind Kafka's committed offsets for %s (was it replaced or lost?); documents "
+                "in between are not in it, so duplicates of them may be republished",
+                ", ".join(f"{tp.topic}[{tp.partition}]: {behind[tp]} < {committed[tp]}" for tp in sorted(behind)),
+            )
+        removed = self._index.rollback({(tp.topic, tp.partition): offset for tp, offset in committed.items()})
+        consumer.seek(committed)
+        self._needs_reconcile = False
+        self._reconciled = assigned
+        log.info(
+            "owning all %d input partitions; index reconciled with Kafka (%d entries rolled back)",
+            len(assigned),
+            removed,
+            extra={"committed": {f"{tp.topic}[{tp.partition}]": o for tp, o in sorted(committed.items())}},
+        )
+
+    # ------------------------------------------------------------------ one batch
+
+    async def _decide(self, records: Sequence[ConsumerRecord]) -> _Decided:
+        """Decode, decide (one LMDB transaction) and build what to publish; nothing goes to Kafka here."""
+        assert self._dedup is not None
+        started = time.perf_counter()
+        self._maintain_index()
+        decoded = [
+            self._decoder.decode(
+                record.value,
+                default_id=f"{record.topic}-{record.partition}-{record.offset}",
+                timestamp=record.timestamp / 1000.0,
+            )
+            for record in records
+        ]
+        documents = [
+            (record, Document(item.id, item.text, item.time, (record.topic, record.partition, record.offset)))
+            for record, item in zip(records, decoded)
+            if isinstance(item, Document)
+        ]
+        if documents:
+            self._newest_event_time = max(self._newest_event_time, max(doc.time for _, doc in documents))
+        next_offsets: dict[TopicPartition, int] = {}
+        for record in records:
+            next_offsets[TopicPartition(record.topic, record.partition)] = record.offset + 1
+
+        # A worker thread keeps heartbeats, the in-flight transaction and the HTTP endpoints going meanwhile.
+        verdicts = await asyncio.to_thread(
+            self._dedup.decide,
+            [doc for _, doc in documents],
+            source_offsets={(tp.topic, tp.partition): offset for tp, offset in next_offsets.items()},
+        )
+        timings = self._dedup.last_timings
+        self.metrics.observe(Stage.FINGERPRINT, timings.fingerprint)
+        # The index stage covers the lookup and the batch's LMDB write transaction.
+        self.metrics.observe(Stage.INDEX_LOOKUP, timings.lookup + timings.store)
+        outgoing, dropped, dead = self._outgoing(records, decoded, documents, verdicts)
+        return _Decided(records, next_offsets, verdicts, outgoing, dropped, dead, started)
+
+    async def _publish(self, decided: _Decided, consumer: BatchConsumer, producer: TransactionalProducer) -> None:
+        """One Kafka transaction: the batch's records and its input offsets."""
+        kafka = self.settings.kafka
+        produce_started = time.perf_counter()
+        async with asyncio.timeout(kafka.transaction_timeout_ms / 1000):
+            try:
+                commit_seconds = await producer.publish(decided.outgoing, decided.next_offsets, kafka.group_id)
+            except BaseException:
+                self.metrics.record_transaction("aborted")
+                raise
+        self.metrics.observe(Stage.PRODUCE, time.perf_counter() - produce_started - commit_seconds)
+        self.metrics.record_transaction("committed", commit_seconds)
+        self._account(decided)
+        self._record_lag(consumer, decided.records)
+        self.metrics.observe(Stage.BATCH, time.perf_counter() - decided.started)
+
+    def _outgoing(
+        self,
+        records: Sequence[ConsumerRecord],
+        decoded: Sequence[Document | DeadLetter],
+        documents: Sequence[tuple[ConsumerRecord, Document]],
+        verdicts: Sequence[Verdict],
+    ) -> tuple[list[OutgoingRecord], list[tuple[Document, Verdict]], list[DeadLetter]]:
+        """Records to publish in input order: novel -> output, duplicate -> duplicates topic, bad -> DLQ."""
+        kafka = self.settings.kafka
+        verdict_of = {id(record): (doc, verdict) for (record, doc), verdict in zip(documents, verdicts)}
+        outgoing: list[OutgoingRecord] = []
+        dropped: list[tuple[Document, Verdict]] = []
+        dead: list[DeadLetter] = []
+        for record, item in zip(records, decoded):
+            if isinstance(item, DeadLetter):
+                dead.append(item)
+                outgoing.append(dead_letter(record, kafka.dead_letter_topic, item))
+                continue
+            doc, verdict = verdict_of[id(record)]
+            if verdict.novel:
+                outgoing.append(novel(record, kafka.output_topic, verdict.fingerprint))
+                continue
+            dropped.append((doc, verdict))
+            if kafka.duplicates_topic is not None:
+                outgoing.append(
+                    duplicate(
+                        record,
+                        kafka.duplicates_topic,
+                        verdict.fingerprint,
+                        verdict.reason,
+                        verdict.match_id or "",
+                        verdict.distance if verdict.distance is not None else -1,
+                    )
+                )
+        return outgoing, dropped, dead
+
+    def _account(self, decided: _Decided) -> None:
+        records, outgoing, dead = decided.records, decided.outgoing, decided.dead
+        stats = self.stats
+        stats.consumed += len(records)
+        stats.published += sum(1 for record in outgoing if record.topic == self.settings.kafka.output_topic)
+        stats.transactions += 1
+        for doc, verdict in decided.dropped:
+            stats.dropped[verdict.reason] += 1
+            if len(stats.examples) < self._max_examples and verdict.match_id is not None:
+                stats.examples.append((doc.id, verdict.match_id, verdict.distance or 0))
+        dead_reasons = Counter(letter.reason for letter in dead)
+        stats.dead_lettered.update(dead_reasons)
+        for letter in dead:
+            log.warning("dead-lettered %s: %s (%s)", letter.id, letter.reason, letter.detail)
+        self.metrics.record_consumed(Counter(record.topic for record in records))
+        self.metrics.record_published(Counter(record.topic for record in outgoing))
+        self.metrics.record_verdicts(decided.verdicts)
+        self.metrics.record_dead_lettered(dead_reasons)
+
+    def _record_lag(self, consumer: BatchConsumer, records: Sequence[ConsumerRecord]) -> None:
+        last: dict[tuple[str, int], ConsumerRecord] = {}
+        for record in records:
+            last[(record.topic, record.partition)] = record
+        now = time.time()
+        lags = {}
+        for (topic, partition), record in last.items():
+            stable = consumer.client.last_stable_offset(TopicPartition(topic, partition))
+            behind = max(0, stable - record.offset - 1) if stable is not None and stable >= 0 else 0
+            lags[(topic, partition)] = PartitionLag(behind, max(0.0, now - record.timestamp / 1000) if behind else 0.0)
+        self.metrics.record_lag(lags)
+
+    def _maintain_index(self) -> None:
+        """Every few seconds: drop entries past max_age (event time) and refresh the index gauges.
+
+        Expiry only reclaims space: the decision core already ignores entries older than max_age.
+        """
+        now = time.monotonic()
+        if self._index is None or now - self._index_stats_at < _INDEX_STATS_INTERVAL_SECONDS:
+            return
+        self._index_stats_at = now
+        expired = self._index.expire(self._newest_event_time) if self._newest_event_time > -math.inf else 0
+        stats = self._index.stats()
+        self.metrics.record_index(
+            entries=stats["entries"],
+            used_bytes=stats["disk_bytes"],
+            map_size_bytes=stats["map_size"],
+            capacity_bytes=index_capacity_bytes(self._index.path, stats["disk_bytes"]),
+            expired=expired,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _output_topics(self) -> list[str]:
+        kafka = self.settings.kafka
+        topics = [kafka.output_topic, kafka.dead_letter_topic]
+        if kafka.duplicates_topic is not None:
+            topics.append(kafka.duplicates_topic)
+        return topics
+
+    async def _create_output_topics(self) -> None:
+        kafka = self.settings.kafka
+        admin = AIOKafkaAdminClient(**common_options(kafka))
+        await admin.start()
+        try:
+            await ensure_topics(
+                admin,
+                {topic: kafka.topic_partitions for topic in self._output_topics()},
+                replication_factor=kafka.topic_replication_factor,
+            )
+        finally:
+            await admin.close()
+
+    async def _sleep_unless_stopping(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            pass
+
+
+async def run_service(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then finish the batch, commit and close (the ``streamdedup run`` command)."""
+    service = DedupService(settings)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, service.request_stop)
+    try:
+        async with service:
+            log.info(
+                "deduplicating %s -> %s",
+                ", ".join(settings.kafka.input_topics),
+                settings.kafka.output_topic,
+                extra={"bootstrap_servers": settings.kafka.bootstrap_servers, "group_id": settings.kafka.group_id},
+            )
+            await service.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import numpy as np
+from aiokafka.structs import ConsumerRecord
+
+from streamdedup.document import DeadLetter
+from streamdedup.kafka.records import OutgoingRecord, dead_letter, duplicate, fingerprint_hex, novel
+
+
+def record(value: bytes | None, headers: list[tuple[str, bytes]]) -> ConsumerRecord:
+    return ConsumerRecord(
+        topic="news", partition=3, offset=41, timestamp=1_700_000_000_000, timestamp_type=0, key=b"k",
+        value=value, checksum=None, serialized_key_size=1, serialized_value_size=len(value or b""), headers=headers,
+    )
+
+
+def test_fingerprint_hex_reads_the_bits_left_to_right_word_by_word() -> None:
+    words = np.array([1 << 63, 0xABCDEF], dtype=np.uint64)
+    assert fingerprint_hex(words) == "8000000000000000" + "0000000000abcdef"
+
+
+def test_novel_keeps_key_value_and_headers_and_adds_the_fingerprint() -> None:
+    out = novel(record(b"v", [("a", b"1")]), "out", np.array([255], dtype=np.uint64))
+    assert out == OutgoingRecord("out", b"v", b"k", (("a", b"1"), ("streamdedup-fingerprint", b"00000000000000ff")))
+
+
+def test_duplicate_names_match_distance_reason_and_source() -> None:
+    out = duplicate(record(b"v", []), "dups", np.array([0], dtype=np.uint64), "near", "news-3-7", 2)
+    assert out.headers == (
+        ("streamdedup-fingerprint", b"0000000000000000"),
+        ("streamdedup-match-id", b"news-3-7"),
+        ("streamdedup-match-distance", b"2"),
+        ("streamdedup-match-reason", b"near"),
+        ("streamdedup-source-topic", b"news"),
+        ("streamdedup-source-partition", b"3"),
+        ("streamdedup-source-offset", b"41"),
+    )
+
+
+def test_dead_letter_keeps_the_original_bytes_and_cuts_a_long_detail_on_a_character_boundary() -> None:
+    letter = DeadLetter("not_utf8", "é" * 5000, "news-3-41")
+    out = dead_letter(record(b"\xff\xfe", [("trace", b"x")]), "dlq", letter)
+    assert (out.topic, out.value, out.key) == ("dlq", b"\xff\xfe", b"k")
+    headers = dict(out.headers)
+    assert headers["trace"] == b"x"
+    assert headers["streamdedup-dead-letter-reason"] == b"not_utf8"
+    assert headers["streamdedup-dead-letter-detail"].decode() == "é" * 1000
+    assert (headers["streamdedup-source-topic"], headers["streamdedup-source-offset"]) == (b"news", b"41")

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamdedup.document import DeadLetter, Document, DocumentDecoder
+from streamdedup.names import DEAD_LETTER_REASONS
+from streamdedup.settings import InputSettings
+
+
+def decode(value: bytes | None, **settings: object) -> Document | DeadLetter:
+    return DocumentDecoder(InputSettings(**settings)).decode(value, default_id="t-0-7", timestamp=1700000000.5)
+
+
+def test_json_text_field_with_record_defaults() -> None:
+    assert decode(b'{"text": "hello world"}') == Document("t-0-7", "hello world", 1700000000.5)
+
+
+def test_several_nested_text_fields_are_joined_and_id_and_time_come_from_paths() -> None:
+    value = json.dumps(
+        {"meta": {"id": 42, "at": "2024-01-02T03:04:05+00:00"}, "title": "Breaking", "body": {"parts": ["a", "b"]}}
+    ).encode()
+    doc = decode(
+        value,
+        text_fields=["title", "body.parts.1"],
+        text_separator=" | ",
+        id_field="meta.id",
+        time_field="meta.at",
+    )
+    assert doc == Document("42", "Breaking | b", 1704164645.0)
+
+
+def test_numeric_event_time_is_epoch_seconds_and_naive_iso_is_utc() -> None:
+    assert decode(b'{"text": "x", "ts": 12.25}', time_field="ts") == Document("t-0-7", "x", 12.25)
+    assert decode(b'{"text": "x", "ts": "1970-01-01T00:01:00"}', time_field="ts") == Document("t-0-7", "x", 60.0)
+
+
+def test_text_format_takes_the_whole_value() -> None:
+    assert decode("  café {not json\n".encode(), format="text") == Document("t-0-7", "  café {not json\n", 1700000000.5)
+
+
+@pytest.mark.parametrize(
+    ("value", "settings", "reason", "detail"),
+    [
+        (None, {}, "null_value", "no value"),
+        (b"x" * 101, {"max_message_bytes": 100, "format": "text"}, "too_large", "101 bytes"),
+        (b'{"text": "\xff\xfe"}', {}, "not_utf8", "not UTF-8"),
+        (b"\xc3\x28", {"format": "text"}, "not_utf8", "at byte 0"),
+        (b'{"text": "unterminated', {}, "invalid_json", "invalid JSON"),
+        (b'["text"]', {}, "invalid_json", "expected a JSON object, got list"),
+        (b"[" * 100000, {}, "invalid_json", "invalid JSON"),
+        (b'{"body": "x"}', {}, "missing_field", "'text'"),
+        (b'{"text": null}', {}, "missing_field", "'text'"),
+        (b'{"text": {"a": 1}}', {}, "missing_field", "'text'"),
+        (b'{"title": "a"}', {"text_fields": ["title", "body"]}, "missing_field", "'body'"),
+        (b'{"text": "a"}', {"id_field": "id"}, "missing_field", "no id at field 'id'"),
+        (b'{"text": "a", "id": ""}', {"id_field": "id"}, "missing_field", "no id"),
+        (b'{"text": "a", "ts": "yesterday"}', {"time_field": "ts"}, "missing_field", "event time"),
+        (b'{"text": "a", "ts": true}', {"time_field": "ts"}, "missing_field", "event time"),
+        (b'{"text": " \\n\\t "}', {}, "empty_text", "empty"),
+        (b"", {"format": "text"}, "empty_text", "empty"),
+    ],
+)
+def test_bad_input_becomes_a_dead_letter_naming_the_reason(
+    value: bytes | None, settings: dict[str, object], reason: str, detail: str
+) -> None:
+    letter = decode(value, **settings)
+    assert isinstance(letter, DeadLetter)
+    assert (letter.reason, letter.id) == (reason, "t-0-7")
+    assert detail in letter.detail
+    assert letter.reason in DEAD_LETTER_REASONS
+
+
+def test_exactly_max_message_bytes_is_accepted() -> None:
+    assert decode(b"y" * 100, format="text", max_message_bytes=100) == Document("t-0-7", "y" * 100, 1700000000.5)
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_to_a_document_or_a_dead_letter(value: bytes) -> None:
+    for fmt in ("json", "text"):
+        result = decode(value, format=fmt)
+        assert isinstance(result, Document | DeadLetter)
+        if isinstance(result, Document):
+            assert result.text.strip()
+
+
+@given(st.text(min_size=1).filter(str.strip), st.text(), st.integers())
+def test_json_round_trip_keeps_text_and_id(text: str, other: str, ident: int) -> None:
+    value = json.dumps({"text": text, "other": other, "id": ident}).encode()
+    assert decode(value, id_field="id") == Document(str(ident), text, 1700000000.5)

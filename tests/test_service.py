@@ -1,0 +1,463 @@
+"""The Kafka service against the real broker and a real LMDB index: end to end, dead letters, signals,
+a second instance, kill -9 crash loops and a broker outage (the last two marked slow)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import ConsumerRecord
+
+from streamdedup.decide import Deduplicator
+from streamdedup.document import Document, DocumentDecoder
+from streamdedup.kafka.admin import ensure_topics
+from streamdedup.kafka.broker import LocalBroker
+from streamdedup.kafka.records import fingerprint_hex
+from streamdedup.names import (
+    HEADER_DEAD_LETTER_DETAIL,
+    HEADER_DEAD_LETTER_REASON,
+    HEADER_FINGERPRINT,
+    HEADER_MATCH_DISTANCE,
+    HEADER_MATCH_ID,
+    HEADER_MATCH_REASON,
+    HEADER_SOURCE_OFFSET,
+    HEADER_SOURCE_PARTITION,
+    HEADER_SOURCE_TOPIC,
+)
+from streamdedup.offline import open_index
+from streamdedup.service import DedupService
+from streamdedup.settings import Settings, load_settings
+from tests.conftest import OutRecord, consume_records, produce_records
+
+pytestmark = pytest.mark.integration
+
+STREAMDEDUP = Path(sys.executable).parent / "streamdedup"
+
+
+@dataclass(frozen=True)
+class Topics:
+    input: str
+    output: str
+    duplicates: str
+    dead_letters: str
+
+
+@pytest.fixture
+async def topics(topic_factory: Any) -> Topics:
+    return Topics(
+        input=await topic_factory(1, prefix="in"),
+        output=await topic_factory(1, prefix="out"),
+        duplicates=await topic_factory(1, prefix="dup"),
+        dead_letters=await topic_factory(1, prefix="dlq"),
+    )
+
+
+def overrides(bootstrap: str, topics: Topics, index_path: Path, **kafka: Any) -> dict[str, Any]:
+    """Settings for one test: its own topics, group, transactional id and index."""
+    unique = uuid.uuid4().hex[:8]
+    return {
+        "kafka": {
+            "bootstrap_servers": bootstrap,
+            "input_topics": [topics.input],
+            "output_topic": topics.output,
+            "duplicates_topic": topics.duplicates,
+            "dead_letter_topic": topics.dead_letters,
+            "group_id": f"group-{unique}",
+            "transactional_id": f"tx-{unique}",
+            "session_timeout_ms": 6000,
+            "heartbeat_interval_ms": 1000,
+            "batch_timeout_ms": 50,
+            **kafka,
+        },
+        "index": {"path": str(index_path), "expected_entries": 100_000, "max_age_seconds": None},
+        "metrics": {"enabled": False},
+    }
+
+
+def write_config(path: Path, settings: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(settings))  # JSON is YAML
+    return path
+
+
+def header(record: ConsumerRecord, name: str) -> bytes:
+    values = [value for key, value in record.headers if key == name]
+    assert len(values) == 1, (name, record.headers)
+    return values[0]
+
+
+def assert_same_output(output: Sequence[ConsumerRecord], expected: list[tuple[bytes, str]]) -> None:
+    """Message for message; on a difference, say whether records were repeated or verdicts differ."""
+    got = [(r.value, header(r, HEADER_FINGERPRINT).decode()) for r in output]
+    if got == expected:
+        return
+    repeated = len(got) - len(set(got))
+    first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+    raise AssertionError(
+        f"output differs from the offline run: {len(got)} records vs {len(expected)} expected, {repeated} "
+        f"repeated, first difference at output index {first} (offset {output[first].offset if first < len(output) else None})"
+    )
+
+
+async def wait_for(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def committed_offset(bootstrap: str, group: str, topic: str, partition: int = 0) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return await consumer.committed(TopicPartition(topic, partition)) or 0
+    finally:
+        await consumer.stop()
+
+
+def offline_novel(settings: Settings, index_path: Path, stream: Sequence[OutRecord], topic: str, batch: int) -> list[
+    tuple[bytes, str]
+]:
+    """(value, fingerprint hex) of what one uninterrupted offline run through the decision core keeps."""
+    decoder = DocumentDecoder(settings.input)
+    kept = []
+    with open_index(settings, index_path) as index:
+        dedup = Deduplicator(settings, index)
+        for start in range(0, len(stream), batch):
+            chunk = stream[start : start + batch]
+            docs = []
+            for offset, record in enumerate(chunk, start):
+                item = decoder.decode(record.value, default_id=f"{topic}-0-{offset}", timestamp=record.timestamp_ms / 1000)
+                if isinstance(item, Document):
+                    docs.append((record, Document(item.id, item.text, item.time, (topic, 0, offset))))
+            verdicts = dedup.decide([doc for _, doc in docs])
+            kept += [(r.value, fingerprint_hex(v.fingerprint)) for (r, _), v in zip(docs, verdicts) if v.novel]
+    return kept
+
+
+def synthetic_stream(n: int, seed: int, *, bad_every: int = 0) -> list[OutRecord]:
+    """Tweet-sized JSON texts, about a third of them edited copies of earlier ones, with event timestamps."""
+    rng = random.Random(seed)
+    # Recent timestamps: a broker with time-based retention would delete records dated long ago.
+    base_ms = (int(time.time()) - n) * 1000
+    vocabulary = [f"{rng.choice('bcdfghklmnprstvz')}{rng.choice('aeiou')}{rng.choice('bcdfgklmnprst')}{i}" for i in range(4000)]
+    texts: list[str] = []
+    records = []
+    for i in range(n):
+        if bad_every and i % bad_every == bad_every - 1:
+            records.append(OutRecord(b'{"text": ', key=f"k{i}".encode(), timestamp_ms=base_ms + i * 1000))
+            continue
+        if texts and rng.random() < 0.35:
+            words = rng.choice(texts).split()
+            words[rng.randrange(len(words))] = rng.choice(vocabulary) if rng.random() < 0.5 else words[0]
+            text = " ".join(words) if rng.random() < 0.7 else rng.choice(texts)
+        else:
+            text = " ".join(rng.choice(vocabulary) for _ in range(rng.randint(12, 24)))
+        texts.append(text)
+        value = json.dumps({"text": text, "n": i}).encode()
+        records.append(OutRecord(value, key=f"k{i}".encode(), timestamp_ms=base_ms + i * 1000))
+    return records
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+
+async def test_novel_duplicates_and_dead_letters_end_to_end(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    base = "streaming near duplicate detection keeps only the first copy of every story it sees today"
+    stream = [
+        OutRecord(json.dumps({"text": base}).encode(), key=b"a", headers=(("origin", b"feed-1"),)),
+        OutRecord(json.dumps({"text": "an entirely unrelated sentence about cooking pasta at home"}).encode(), key=b"b"),
+        OutRecord(json.dumps({"text": base}).encode(), key=b"c", headers=(("origin", b"feed-2"),)),
+        OutRecord(b'{"text": "broken', key=b"d", headers=(("origin", b"feed-3"),)),
+        OutRecord(json.dumps({"text": "RT @someone: " + base.upper() + "!!"}).encode(), key=b"e"),
+        OutRecord(None, key=b"f"),
+        OutRecord(json.dumps({"text": "after the bad records the partition still flows normally"}).encode(), key=b"g"),
+    ]
+    await kafka_produce(topics.input, stream)
+    settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index"))
+
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, len(stream)), 60, "the stream to be processed")
+        stats = service.stats
+
+    output = await kafka_consume(topics.output, count=3)
+    assert [(r.key, r.value) for r in output] == [(b"a", stream[0].value), (b"b", stream[1].value), (b"g", stream[6].value)]
+    assert [h for h in output[0].headers if h[0] == "origin"] == [("origin", b"feed-1")]
+    assert len(header(output[0], HEADER_FINGERPRINT)) == settings.fingerprint.width // 4
+    assert int(header(output[0], HEADER_FINGERPRINT), 16) != int(header(output[1], HEADER_FINGERPRINT), 16)
+
+    duplicates = await kafka_consume(topics.duplicates, count=2)
+    assert [(r.key, r.value) for r in duplicates] == [(b"c", stream[2].value), (b"e", stream[4].value)]
+    first_id = f"{topics.input}-0-0"
+    assert [header(r, HEADER_MATCH_ID).decode() for r in duplicates] == [first_id, first_id]
+    assert header(duplicates[0], HEADER_MATCH_DISTANCE) == b"0"
+    assert header(duplicates[0], HEADER_MATCH_REASON) == b"exact"
+    assert header(duplicates[1], HEADER_MATCH_REASON) in (b"exact", b"near")
+    assert header(duplicates[0], HEADER_FINGERPRINT) == header(output[0], HEADER_FINGERPRINT)
+    assert [h for h in duplicates[0].headers if h[0] == "origin"] == [("origin", b"feed-2")]
+
+    dead = await kafka_consume(topics.dead_letters, count=2)
+    assert [(r.key, r.value) for r in dead] == [(b"d", b'{"text": "broken'), (b"f", None)]
+    assert [header(r, HEADER_DEAD_LETTER_REASON) for r in dead] == [b"invalid_json", b"null_value"]
+    assert [h for h in dead[0].headers if h[0] == "origin"] == [("origin", b"feed-3")]
+    assert [(header(r, HEADER_SOURCE_TOPIC), header(r, HEADER_SOURCE_PARTITION), header(r, HEADER_SOURCE_OFFSET)) for r in dead] == [
+        (topics.input.encode(), b"0", b"3"),
+        (topics.input.encode(), b"0", b"5"),
+    ]
+
+    assert (stats.consumed, stats.published, dict(stats.dead_lettered)) == (7, 3, {"invalid_json": 1, "null_value": 1})
+    assert sum(stats.dropped.values()) == 2
+    assert await committed_offset(kafka_bootstrap, settings.kafka.group_id, topics.input) == len(stream)
+
+
+async def _consumed(service: DedupService, n: int) -> bool:
+    return service.stats.consumed >= n
+
+
+async def test_every_dead_letter_reason_keeps_original_bytes_and_never_blocks_the_partition(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    good = [json.dumps({"body": {"text": f"good record number {i} " + " ".join(f"w{i}x{j}" for j in range(12))}}) for i in range(4)]
+    bad = {
+        "invalid_json": b'{"body": nope}',
+        "missing_field": b'{"title": "no body here"}',
+        "not_utf8": b'{"body": {"text": "caf\xe9"}}',
+        "empty_text": b'{"body": {"text": "   "}}',
+        "too_large": json.dumps({"body": {"text": "x" * 5000}}).encode(),
+        "null_value": None,
+    }
+    stream = [OutRecord(good[0].encode(), key=b"g0")]
+    for i, (reason, value) in enumerate(bad.items()):
+        stream.append(OutRecord(value, key=reason.encode(), headers=(("trace", f"t{i}".encode()),)))
+        if i % 2:
+            stream.append(OutRecord(good[1 + i // 2].encode(), key=f"g{1 + i // 2}".encode()))
+    settings = load_settings(
+        None,
+        **overrides(kafka_bootstrap, topics, tmp_path / "index"),
+        input={"text_fields": ["body.text"], "max_message_bytes": 4096},
+    )
+    await kafka_produce(topics.input, stream)
+
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, len(stream)), 60, "the stream to be processed")
+
+    dead = await kafka_consume(topics.dead_letters, count=len(bad))
+    assert [(header(r, HEADER_DEAD_LETTER_REASON).decode(), r.key, r.value) for r in dead] == [
+        (reason, reason.encode(), value) for reason, value in bad.items()
+    ]
+    assert [[h for h in r.headers if h[0] == "trace"] for r in dead] == [[("trace", f"t{i}".encode())] for i in range(6)]
+    assert all(header(r, HEADER_DEAD_LETTER_DETAIL) for r in dead)
+    output = await kafka_consume(topics.output, count=4)
+    assert [r.value for r in output] == [g.encode() for g in good]
+    assert dict(service.stats.dead_lettered) == dict.fromkeys(bad, 1)
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+
+def start_service(config: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([str(STREAMDEDUP), "--config", str(config), "run"], stdout=log, stderr=subprocess.STDOUT)
+
+
+async def test_sigterm_finishes_the_batch_commits_and_closes_the_index(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    stream = synthetic_stream(3000, seed=7)
+    await kafka_produce(topics.input, stream)
+    config_dict = overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=50)
+    config = write_config(tmp_path / "config.yaml", config_dict)
+    group = config_dict["kafka"]["group_id"]
+    process = start_service(config, tmp_path / "service.log")
+    try:
+        await wait_for(
+            lambda: _progress(kafka_bootstrap, group, topics.input, 200), 60, "the service to commit some batches"
+        )
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 30) == 0
+    finally:
+        process.kill()
+    committed = await committed_offset(kafka_bootstrap, group, topics.input)
+    assert 200 <= committed <= len(stream)
+    settings = load_settings(config)
+    # The index closed cleanly, agrees with Kafka, and holds exactly what the output holds.
+    with open_index(settings, Path(config_dict["index"]["path"])) as index:
+        assert index.source_offsets() == {(topics.input, 0): committed}
+        stored = len(index)
+    expected = offline_novel(settings, tmp_path / "offline", stream[:committed], topics.input, batch=333)
+    output = await kafka_consume(topics.output)
+    assert_same_output(output, expected)
+    assert stored == len(expected)
+    log = (tmp_path / "service.log").read_text()
+    assert "stopped" in log
+
+
+async def _progress(bootstrap: str, group: str, topic: str, at_least: int) -> bool:
+    return await committed_offset(bootstrap, group, topic) >= at_least
+
+
+async def test_second_instance_in_the_group_is_detected_and_nothing_is_split(
+    kafka_bootstrap: str,
+    topic_factory: Any,
+    kafka_produce: Any,
+    kafka_consume: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topics = Topics(
+        input=await topic_factory(2, prefix="in"),
+        output=await topic_factory(1, prefix="out"),
+        duplicates=await topic_factory(1, prefix="dup"),
+        dead_letters=await topic_factory(1, prefix="dlq"),
+    )
+    config_dict = overrides(kafka_bootstrap, topics, tmp_path / "first")
+    first = load_settings(None, **config_dict)
+    second_dict = json.loads(json.dumps(config_dict))
+    second_dict["index"]["path"] = str(tmp_path / "second")
+    second_dict["kafka"]["transactional_id"] += "-second"
+    second_config = write_config(tmp_path / "second.yaml", second_dict)
+    records = [
+        OutRecord(json.dumps({"text": f"story {i} " + " ".join(f"t{i}w{j}" for j in range(10))}).encode(), partition=i % 2)
+        for i in range(40)
+    ]
+
+    async with DedupService(first) as service:
+        await kafka_produce(topics.input, records[:20])
+        await wait_for(lambda: _consumed(service, 20), 60, "the first instance to process the first half")
+        second = start_service(second_config, tmp_path / "second.log")
+        try:
+            await wait_for(lambda: _logged(tmp_path / "second.log", "ANOTHER INSTANCE"), 60, "the second instance to notice")
+            await kafka_produce(topics.input, records[20:])
+            await asyncio.sleep(3)
+            # While split, neither instance processes anything: the output holds only the first half.
+            assert service.stats.consumed == 20
+            assert len(await kafka_consume(topics.output)) == 20
+        finally:
+            second.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(second.wait, 30)
+        # Alone again, the first instance takes everything back and finishes the stream.
+        await wait_for(lambda: _consumed(service, 40), 60, "the first instance to take over again")
+    output = await kafka_consume(topics.output)
+    assert sorted(r.value for r in output) == sorted(r.value for r in records)
+    assert "ANOTHER INSTANCE" in caplog.text
+
+
+async def _logged(path: Path, text: str) -> bool:
+    return path.exists() and text in path.read_text(errors="replace")
+
+
+# ---------------------------------------------------------------------------------------------- exactly once
+
+
+@pytest.mark.slow
+async def test_kill_minus_9_twenty_times_mid_stream_publishes_exactly_the_offline_result(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    total, kills = 50_000, 20
+    stream = synthetic_stream(total, seed=11, bad_every=997)
+    await kafka_produce(topics.input, stream)
+    config_dict = overrides(
+        kafka_bootstrap, topics, tmp_path / "index", batch_max_records=100, group_instance_id="crash-test"
+    )
+    config = write_config(tmp_path / "config.yaml", config_dict)
+    group = config_dict["kafka"]["group_id"]
+    rng = random.Random(2024)
+    # Each life is killed once it has committed a random number of records past where it started, after a
+    # further random delay: every kill lands while most of the stream still waits, at a random moment of a
+    # batch (deciding, inside the LMDB transaction, producing, committing, or between them).
+    progress = [0]
+    for kill in range(kills):
+        process = start_service(config, tmp_path / "service.log")
+        try:
+            target = progress[-1] + rng.randint(100, 1200)
+            await wait_for(
+                lambda: _progress(kafka_bootstrap, group, topics.input, target), 120, f"life {kill} to pass {target}"
+            )
+            await asyncio.sleep(rng.uniform(0.0, 0.2))
+        finally:
+            process.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(process.wait, 30)
+        progress.append(await committed_offset(kafka_bootstrap, group, topics.input))
+    assert progress == sorted(set(progress)) and progress[-1] < total, progress
+
+    process = start_service(config, tmp_path / "service.log")
+    try:
+        await wait_for(lambda: _progress(kafka_bootstrap, group, topics.input, total), 240, "the stream to finish")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.wait, 30)
+
+    settings = load_settings(config)
+    expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=1000)
+    output = await kafka_consume(topics.output, timeout=120)
+    assert_same_output(output, expected)
+    dead = await kafka_consume(topics.dead_letters, timeout=60)
+    assert [int(header(r, HEADER_SOURCE_OFFSET)) for r in dead] == list(range(996, total, 997))
+
+
+@pytest.mark.slow
+async def test_broker_down_for_30_seconds_mid_stream_recovers_with_the_same_result(tmp_path: Path) -> None:
+    broker = LocalBroker(tmp_path / "broker")
+    bootstrap = await asyncio.to_thread(broker.start)
+    try:
+        await _outage_run(bootstrap, broker, tmp_path)
+    finally:
+        await asyncio.to_thread(broker.stop)
+
+
+async def _outage_run(bootstrap: str, broker: LocalBroker, tmp_path: Path) -> None:
+    unique = uuid.uuid4().hex[:6]
+    topics = Topics(f"in-{unique}", f"out-{unique}", f"dup-{unique}", f"dlq-{unique}")
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await ensure_topics(admin, {topics.input: 1, topics.output: 1, topics.duplicates: 1, topics.dead_letters: 1})
+    finally:
+        await admin.close()
+    total = 20_000
+    stream = synthetic_stream(total, seed=5, bad_every=1499)
+    await produce_records(bootstrap, topics.input, stream)
+    config_dict = overrides(
+        bootstrap,
+        topics,
+        tmp_path / "index",
+        batch_max_records=100,
+        transaction_timeout_ms=15_000,
+        request_timeout_ms=10_000,
+        retry_backoff_max_seconds=5.0,
+    )
+    config = write_config(tmp_path / "config.yaml", config_dict)
+    group = config_dict["kafka"]["group_id"]
+    process = start_service(config, tmp_path / "service.log")
+    try:
+        await wait_for(lambda: _progress(bootstrap, group, topics.input, 2000), 120, "progress before the outage")
+        await asyncio.to_thread(broker.stop)
+        await asyncio.sleep(30)
+        assert process.poll() is None, "the service must survive the outage"
+        await asyncio.to_thread(broker.start)
+        await wait_for(lambda: _progress(bootstrap, group, topics.input, total), 300, "recovery and the rest of the stream")
+        assert process.poll() is None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.wait, 30)
+    settings = load_settings(config)
+    expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=777)
+    output = await consume_records(bootstrap, topics.output, timeout=120)
+    assert_same_output(output, expected)
+    dead = await consume_records(bootstrap, topics.dead_letters)
+    assert [int(header(r, HEADER_SOURCE_OFFSET)) for r in dead] == list(range(1498, total, 1499))
