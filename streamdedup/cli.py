@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import json
 import sys
 import tempfile
@@ -15,8 +14,6 @@ from .logs import configure_logging
 from .settings import ConfigError, Settings, load_settings
 
 __all__ = ["main"]
-
-log = logging.getLogger("streamdedup")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -98,3 +98,10 @@ def test_verification_off_drops_on_the_hamming_lookup_alone(settings: Settings, 
     unverified = settings.model_copy(update={"dedup": settings.dedup.model_copy(update={"verify": False})})
     verdicts = run(unverified, tmp_path / "idx", [docs([BASE, BASE.replace("lazy", "sleepy")])])
     assert not verdicts[1].novel and verdicts[1].match_id == "d0"
+
+
+def test_a_batch_without_documents_still_stores_its_source_offsets(settings: Settings, tmp_path: Path) -> None:
+    # A batch of nothing but dead letters must still move the index's offsets with Kafka's.
+    with open_index(settings, tmp_path / "idx") as index:
+        assert Deduplicator(settings, index).decide([], source_offsets={("t", 0): 42}) == []
+        assert index.source_offsets() == {("t", 0): 42} and len(index) == 0
