@@ -32,34 +32,37 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamdedup", description=__doc__)
     parser.add_argument("--version", action="version", version=f"streamdedup {__version__}")
     parser.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
+    # `streamdedup run --config x.yaml` reads as naturally as `streamdedup --config x.yaml run`: accept both.
+    config_too = argparse.ArgumentParser(add_help=False)
+    config_too.add_argument("--config", default=argparse.SUPPRESS, help="YAML config file")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    fingerprint = commands.add_parser("fingerprint", help="print the hex fingerprint of a text or of each JSONL record")
+    fingerprint = commands.add_parser("fingerprint", parents=[config_too], help="print the hex fingerprint of a text or of each JSONL record")
     fingerprint.add_argument("text", nargs="?", help="the text to fingerprint")
     fingerprint.add_argument("--file", help="JSONL file; one fingerprint per line")
     fingerprint.set_defaults(handler=_fingerprint)
 
-    dedup = commands.add_parser("dedup", help="deduplicate a JSONL file offline with the service's decision core")
+    dedup = commands.add_parser("dedup", parents=[config_too], help="deduplicate a JSONL file offline with the service's decision core")
     dedup.add_argument("input", type=Path, help="JSONL input (one record per line)")
     dedup.add_argument("--output", type=Path, required=True, help="where the kept records go, unchanged and in order")
     dedup.add_argument("--work-dir", type=Path, default=None, help="index folder (default: a new folder under var/)")
     dedup.add_argument("--dead-letters", type=Path, default=None, help="unreadable records (default: OUTPUT.dead-letters.jsonl)")
     dedup.set_defaults(handler=_dedup)
 
-    explain = commands.add_parser("explain", help="show why two texts are or are not near-duplicates")
+    explain = commands.add_parser("explain", parents=[config_too], help="show why two texts are or are not near-duplicates")
     explain.add_argument("text_a")
     explain.add_argument("text_b")
     explain.set_defaults(handler=_explain)
 
-    run = commands.add_parser("run", help="run the Kafka service until SIGTERM/SIGINT")
+    run = commands.add_parser("run", parents=[config_too], help="run the Kafka service until SIGTERM/SIGINT")
     run.set_defaults(handler=_run)
 
-    demo = commands.add_parser("demo", help="local broker + service + sample feed, then a summary")
+    demo = commands.add_parser("demo", parents=[config_too], help="local broker + service + sample feed, then a summary")
     demo.add_argument("--feed", type=Path, default=None, help="JSONL feed (default: the bundled sample feed)")
     demo.add_argument("--keep-broker", action="store_true", help="leave the local broker running afterwards")
     demo.set_defaults(handler=_demo)
 
-    index = commands.add_parser("index", help="inspect or maintain a segment index (stats/query/export work while it is written)")
+    index = commands.add_parser("index", parents=[config_too], help="inspect or maintain a segment index (stats/query/export work while it is written)")
     index.add_argument("action", choices=["stats", "query", "export", "import", "compact"])
     index.add_argument("path", type=Path, help="the index directory")
     index.add_argument("--fingerprint", action="append", default=[], help="query: a hex fingerprint (repeatable)")
@@ -68,7 +71,7 @@ def _build_parser() -> argparse.ArgumentParser:
     index.add_argument("--output", type=Path, default=None, help="export: JSONL file (default: stdout)")
     index.set_defaults(handler=_index)
 
-    bench = commands.add_parser("bench", help="benchmarks against the peers, in one run")
+    bench = commands.add_parser("bench", parents=[config_too], help="benchmarks against the peers, in one run")
     bench.add_argument("name", choices=["fingerprint", "index", "kafka", "quality", "all"])
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options for that benchmark")
     bench.set_defaults(handler=_bench)

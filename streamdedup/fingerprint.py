@@ -167,6 +167,8 @@ def fingerprint_hex(fingerprints: np.ndarray) -> list[str]:
 # Segment salts: routing and sampling must not reuse the bits that become segment values.
 _ROUTE_SALT = np.uint64(0x2545F4914F6CDD1D)
 _SAMPLE_SALT = np.uint64(0x5851F42D4C957F2D)
+# Deepest segment group the bit-sliced majority takes; deeper ones (unsampled long texts) use a reduction.
+_MAJORITY_DEPTH = 64
 
 
 def segmented_simhash(
@@ -204,18 +206,23 @@ def segmented_simhash(
         starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
         leading = np.unpackbits(hashes.astype(">u8").view(np.uint8).reshape(-1, 8)[:, : -(-seg_bits // 8)], axis=1)
         leading = leading[:, :seg_bits]
-        if np.all(weights == 1.0):
+        group_sizes = sizes[group[starts]]
+        if np.all(weights == 1.0) and seg_bits == 32 and group_sizes.max() <= _MAJORITY_DEPTH:
+            values[group[starts]] = _majority32(hashes, starts, group_sizes)
+            set_bits = None
+        elif np.all(weights == 1.0):
             # Unit weights: a bit is set where more than half of the segment's features have it.
-            widest = int(sizes.max())
+            widest = int(group_sizes.max())
             dtype = np.uint8 if widest < 1 << 8 else np.uint16 if widest < 1 << 16 else np.uint32
             ones = np.add.reduceat(leading, starts, axis=0, dtype=dtype)
-            set_bits = ones.astype(np.int64) * 2 > sizes[group[starts]][:, None]
+            set_bits = ones.astype(np.int64) * 2 > group_sizes[:, None]
         else:
             signed = (leading.astype(np.float64) * 2.0 - 1.0) * weights[:, None]
             set_bits = np.add.reduceat(signed, starts, axis=0) > 0
-        packed = np.zeros((len(starts), 8), dtype=np.uint8)
-        packed[:, : -(-seg_bits // 8)] = np.packbits(set_bits, axis=1)
-        values[group[starts]] = packed.view(">u8").ravel() >> np.uint64(64 - seg_bits)
+        if set_bits is not None:
+            packed = np.zeros((len(starts), 8), dtype=np.uint8)
+            packed[:, : -(-seg_bits // 8)] = np.packbits(set_bits, axis=1)
+            values[group[starts]] = packed.view(">u8").ravel() >> np.uint64(64 - seg_bits)
     values = values.reshape(documents, segments)
     sizes = sizes.reshape(documents, segments)
     keyed = sizes >= min_features
@@ -227,6 +234,35 @@ def segmented_simhash(
         np.arange(per_word - 1, -1, -1, dtype=np.uint64) * np.uint64(seg_bits)
     )
     return np.bitwise_or.reduce(placed, axis=2)
+
+
+def _majority32(hashes: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per group of consecutive hashes: the bits (of the top 32) set in more than half of its members.
+
+    Bit-sliced: the members are laid out by rank in a (groups, depth) array and added into vertical
+    counters, one uint32 word of 32 lanes per group, so each step is one vectorised operation over every
+    group and bit at once. Segment groups are small (a handful of features), where this beats a reduction.
+    """
+    depth = int(sizes.max())
+    rank = np.arange(len(hashes)) - np.repeat(starts, sizes)
+    lanes = np.zeros((len(starts), depth), dtype=np.uint32)
+    lanes[np.repeat(np.arange(len(starts)), sizes), rank] = (hashes >> np.uint64(32)).astype(np.uint32)
+    levels = max(1, depth.bit_length())
+    counters = [np.zeros(len(starts), dtype=np.uint32) for _ in range(levels)]
+    for column in lanes.T:
+        carry = column
+        for level in counters:
+            level ^= carry
+            carry = carry & ~level
+    # Lanes whose count exceeds half the group size: compare the counters with floor(size / 2), top bit first.
+    half = sizes // 2
+    greater = np.zeros(len(starts), dtype=np.uint32)
+    equal = np.full(len(starts), 0xFFFFFFFF, dtype=np.uint32)
+    for bit in range(levels - 1, -1, -1):
+        threshold = np.where((half >> bit) & 1, np.uint32(0xFFFFFFFF), np.uint32(0))
+        greater |= equal & counters[bit] & ~threshold
+        equal &= ~(counters[bit] ^ threshold)
+    return greater.astype(np.uint64)
 
 
 def _bottom(values: np.ndarray, offsets: np.ndarray, k: int) -> np.ndarray:

@@ -50,3 +50,14 @@ def test_cli_dedup_and_explain(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "decision on b:     dropped (near duplicate of a)" in out
     assert "a normalised:      'the quick brown fox" in out
+
+
+def test_config_may_follow_the_command(tmp_path: Path, capsys) -> None:
+    # `make demo` and the issue's `streamdedup run --config config.yaml` put the option after the command.
+    other = tmp_path / "other.yaml"
+    other.write_text("dedup:\n  min_jaccard: 0.99\n", encoding="utf-8")
+    text_b = BASE.replace("lazy", "sleepy")
+    assert main(["explain", BASE, text_b, "--config", str(other)]) == 0
+    assert "decision on b:     kept (novel)" in capsys.readouterr().out
+    assert main(["--config", str(CONFIG), "explain", BASE, text_b]) == 0
+    assert "dropped (near duplicate of a)" in capsys.readouterr().out
