@@ -204,20 +204,20 @@ def segmented_simhash(
     values = np.zeros(cells, dtype=np.uint64)
     if len(group):
         starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-        leading = np.unpackbits(hashes.astype(">u8").view(np.uint8).reshape(-1, 8)[:, : -(-seg_bits // 8)], axis=1)
-        leading = leading[:, :seg_bits]
         group_sizes = sizes[group[starts]]
-        if np.all(weights == 1.0) and seg_bits == 32 and group_sizes.max() <= _MAJORITY_DEPTH:
+        unit = bool(np.all(weights == 1.0))
+        if unit and seg_bits == 32 and group_sizes.max() <= _MAJORITY_DEPTH:
             values[group[starts]] = _majority32(hashes, starts, group_sizes)
             set_bits = None
-        elif np.all(weights == 1.0):
+        elif unit:
+            leading = _leading_bits(hashes, seg_bits)
             # Unit weights: a bit is set where more than half of the segment's features have it.
             widest = int(group_sizes.max())
             dtype = np.uint8 if widest < 1 << 8 else np.uint16 if widest < 1 << 16 else np.uint32
             ones = np.add.reduceat(leading, starts, axis=0, dtype=dtype)
             set_bits = ones.astype(np.int64) * 2 > group_sizes[:, None]
         else:
-            signed = (leading.astype(np.float64) * 2.0 - 1.0) * weights[:, None]
+            signed = (_leading_bits(hashes, seg_bits).astype(np.float64) * 2.0 - 1.0) * weights[:, None]
             set_bits = np.add.reduceat(signed, starts, axis=0) > 0
         if set_bits is not None:
             packed = np.zeros((len(starts), 8), dtype=np.uint8)
@@ -234,6 +234,11 @@ def segmented_simhash(
         np.arange(per_word - 1, -1, -1, dtype=np.uint64) * np.uint64(seg_bits)
     )
     return np.bitwise_or.reduce(placed, axis=2)
+
+
+def _leading_bits(hashes: np.ndarray, bits: int) -> np.ndarray:
+    """(n, bits) uint8: the leading ``bits`` bits of each hash, most significant first."""
+    return np.unpackbits(hashes.astype(">u8").view(np.uint8).reshape(-1, 8)[:, : -(-bits // 8)], axis=1)[:, :bits]
 
 
 def _majority32(hashes: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:

@@ -762,25 +762,29 @@ class SegmentIndex:
         keys in memory (the same guarantee as the stored tables), sorted by (earlier, later)."""
         fps = self._check_fps(fps)
         n = len(fps)
-        found_e, found_l = [], []
+        none = np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
         keys, _, _ = self._table_rows(fps)
-        for key in keys:
-            rows = np.flatnonzero(key) if self._unkeyed_zero else np.arange(n)
-            order = rows[np.argsort(key[rows], kind="stable")]
-            sorted_keys = key[order]
-            group_end = np.searchsorted(sorted_keys, sorted_keys, side="right")
-            later_count = group_end - np.arange(len(order)) - 1
-            total = int(later_count.sum())
-            if not total:
-                continue
-            first = np.repeat(np.arange(len(order)), later_count)
-            step = np.arange(total) - np.repeat(np.cumsum(later_count) - later_count, later_count) + 1
-            a, b = order[first], order[first + step]
-            found_e.append(np.minimum(a, b))
-            found_l.append(np.maximum(a, b))
-        if not found_e:
-            return np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
-        pairs = np.unique(np.stack([np.concatenate(found_e), np.concatenate(found_l)], axis=1), axis=0)
+        # One sort over (table, key) for every table at once: rows sharing a key in any table end up adjacent.
+        table_of = np.repeat(np.arange(len(keys)), n)
+        row_of = np.tile(np.arange(n), len(keys))
+        flat = np.stack(keys).ravel()
+        if self._unkeyed_zero:
+            keyed = flat != 0
+            flat, table_of, row_of = flat[keyed], table_of[keyed], row_of[keyed]
+        order = np.lexsort((flat, table_of))
+        sorted_table, sorted_key, rows = table_of[order], flat[order], row_of[order]
+        # Each position pairs with every later position of its (table, key) run.
+        boundary = np.r_[(sorted_table[1:] != sorted_table[:-1]) | (sorted_key[1:] != sorted_key[:-1]), True]
+        run_end = np.flatnonzero(boundary)
+        positions = np.arange(len(rows))
+        later_count = run_end[np.searchsorted(run_end, positions)] - positions
+        total = int(later_count.sum())
+        if not total:
+            return none
+        first = np.repeat(positions, later_count)
+        step = np.arange(total) - np.repeat(np.cumsum(later_count) - later_count, later_count) + 1
+        a, b = rows[first], rows[first + step]
+        pairs = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1), axis=0)
         earlier, later = pairs[:, 0], pairs[:, 1]
         distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
         near = distances <= self.radius
