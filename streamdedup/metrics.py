@@ -37,6 +37,7 @@ __all__ = [
     "ServiceMetrics",
     "Stage",
     "VerdictLike",
+    "distance_bounds",
     "index_capacity_bytes",
 ]
 
@@ -93,6 +94,16 @@ class PartitionLag:
     seconds: float
 
 
+def distance_bounds(radius: int | None, width: int) -> list[int]:
+    """Upper bounds of the match-distance histogram: every distance up to a small radius; without a radius
+    (segmented fingerprints, where near copies lie tens of bits apart) exact to 3, then 4, 6, 8, 12, ... to
+    the width, so the heatmap keeps its shape with about twenty series."""
+    if radius is not None:
+        return list(range(radius + 1))
+    steps = {b for p in (2**e for e in range(2, width.bit_length())) for b in (p, p * 3 // 2) if b <= width}
+    return [0, 1, 2, 3, *sorted(steps | {width})]
+
+
 class _DistanceHistogram(Collector):
     """Histogram of small integer distances, updated a whole batch at a time with numpy.
 
@@ -100,12 +111,12 @@ class _DistanceHistogram(Collector):
     with one ``bincount`` instead of a Python call per message.
     """
 
-    def __init__(self, name: str, documentation: str, max_distance: int) -> None:
+    def __init__(self, name: str, documentation: str, bounds: Sequence[int]) -> None:
         self._name = name
         self._documentation = documentation
-        self._bounds = np.arange(max_distance + 1)
-        # One slot per integer distance 0..max_distance and a last one for anything farther.
-        self._counts = np.zeros(max_distance + 2, dtype=np.int64)
+        self._bounds = np.asarray(bounds, dtype=np.int64)
+        # One slot per upper bound and a last one for anything farther.
+        self._counts = np.zeros(len(self._bounds) + 1, dtype=np.int64)
         self._sum = 0
         self._lock = threading.Lock()
 
@@ -115,7 +126,7 @@ class _DistanceHistogram(Collector):
             return
         if values.min() < 0:
             raise ValueError(f"a Hamming distance cannot be negative, got {int(values.min())}")
-        slots = np.minimum(values, self._bounds.size)
+        slots = np.searchsorted(self._bounds, values, side="left")
         batch_counts = np.bincount(slots, minlength=self._counts.size)
         with self._lock:
             self._counts += batch_counts
@@ -144,7 +155,8 @@ class ServiceMetrics:
     def __init__(
         self,
         *,
-        radius: int = 3,
+        radius: int | None = 3,
+        width: int = 64,
         dead_letter_reasons: Iterable[str] = DEAD_LETTER_REASONS,
         input_topics: Iterable[str] = (),
         output_topics: Iterable[str] = (),
@@ -179,7 +191,7 @@ class ServiceMetrics:
         self.match_distance = _DistanceHistogram(
             f"{METRIC_PREFIX}match_distance_bits",
             "Hamming distance from each duplicate to its nearest earlier match.",
-            radius,
+            distance_bounds(radius, width),
         )
         self.registry.register(self.match_distance)
         self.index_entries = Gauge("index_entries", "Fingerprints stored in the index.", **common)

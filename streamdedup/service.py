@@ -86,8 +86,8 @@ class DedupService(Lifecycle):
         kafka = settings.kafka
         radius = settings.index.radius
         self.metrics = metrics or ServiceMetrics(
-            # Without a radius cutoff, distances past 64 bits share the histogram's last bucket.
-            radius=radius if radius is not None else min(settings.fingerprint.width, 64),
+            radius=radius,
+            width=settings.fingerprint.width,
             dead_letter_reasons=DEAD_LETTER_REASONS,
             input_topics=kafka.input_topics,
             output_topics=self._output_topics(),

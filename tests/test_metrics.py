@@ -302,3 +302,31 @@ async def test_scrape_over_http_in_both_exposition_formats() -> None:
     assert "process_resident_memory_bytes" in scraped
     assert openmetrics.endswith("# EOF\n")
     assert 'streamdedup_messages_consumed_total{topic="in"} 7.0' in openmetrics
+
+
+def test_distance_bounds_without_a_radius_reach_the_width_in_few_buckets() -> None:
+    from streamdedup.metrics import distance_bounds
+
+    assert distance_bounds(3, 64) == [0, 1, 2, 3]
+    wide = distance_bounds(None, 1024)
+    assert wide[:8] == [0, 1, 2, 3, 4, 6, 8, 12] and wide[-3:] == [512, 768, 1024]
+    assert len(wide) <= 24 and wide == sorted(set(wide))
+
+
+@settings(max_examples=25, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(min_value=0, max_value=1100), max_size=30), max_size=5))
+def test_wide_distance_histogram_equals_one_observe_per_value(batches: list[list[int]]) -> None:
+    from streamdedup.metrics import distance_bounds
+
+    metrics = ServiceMetrics(radius=None, width=1024, process_metrics=False)
+    bounds = distance_bounds(None, 1024)
+    oracle_registry = CollectorRegistry()
+    oracle = Histogram("oracle", "one observe per value", buckets=[float(b) for b in bounds], registry=oracle_registry)
+    for batch in batches:
+        metrics.match_distance.observe_many(np.array(batch, dtype=np.int64))
+        for distance in batch:
+            oracle.observe(distance)
+    for bound in [f"{float(b)}" for b in bounds] + ["+Inf"]:
+        assert value(metrics, "streamdedup_match_distance_bits_bucket", le=bound) == oracle_registry.get_sample_value(
+            "oracle_bucket", {"le": bound}
+        )
