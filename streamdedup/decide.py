@@ -108,7 +108,9 @@ class Deduplicator:
                 verdicts.append(Verdict(True, "novel", fingerprint))
 
         looked_up = time.perf_counter()
-        keep = np.array([row for row in np.flatnonzero(indexable) if row not in matches], dtype=np.intp)
+        duplicate = np.zeros(len(docs), dtype=bool)
+        duplicate[list(matches)] = True
+        keep = np.flatnonzero(indexable & ~duplicate)
         self.index.add(
             [ids[row] for row in keep],
             fps[keep],

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from .document import Document, DocumentDecoder
 from .kafka.admin import ensure_topics
 from .kafka.broker import LocalBroker
+from .kafka.consumer import committed_reader
 from .service import DedupService, ServiceStats
 from .settings import Settings
 
@@ -126,20 +127,13 @@ async def _produce(bootstrap: str, topic: str, values: Sequence[bytes | None]) -
 
 async def _count_committed(bootstrap: str, topic: str) -> int:
     """Records in ``topic`` as a read_committed consumer sees them (what downstream really gets)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
+    async with committed_reader(bootstrap, topic) as (consumer, tp):
         end = (await consumer.end_offsets([tp]))[tp]
         count = 0
         async with asyncio.timeout(60):
             while await consumer.position(tp) < end:
                 count += len((await consumer.getmany(tp, timeout_ms=500)).get(tp, []))
         return count
-    finally:
-        await consumer.stop()
 
 
 def _print_summary(run: _Run, stats: ServiceStats, published: int) -> None:

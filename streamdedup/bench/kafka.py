@@ -20,11 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from ..kafka.admin import ensure_topics
 from ..kafka.broker import LocalBroker
+from ..kafka.consumer import committed_reader
 from ..service import DedupService
 from ..settings import Settings
 
@@ -252,17 +253,10 @@ async def _latency(
 
 
 async def _read_latencies(bootstrap: str, topic: str, out: list[float], stop: asyncio.Event) -> None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
+    async with committed_reader(bootstrap, topic) as (consumer, tp):
         while not stop.is_set():
             for record in (await consumer.getmany(tp, timeout_ms=50)).get(tp, []):
                 out.append(time.time() - json.loads(record.value)["sent"])
-    finally:
-        await consumer.stop()
 
 
 # ---------------------------------------------------------------------------------------------- data

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
@@ -13,7 +14,7 @@ from ..lifecycle import Lifecycle
 from ..settings import KafkaSettings
 from .clients import common_options
 
-__all__ = ["BatchConsumer", "RebalanceHandler"]
+__all__ = ["BatchConsumer", "RebalanceHandler", "committed_reader"]
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +144,17 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         await self._on_assigned(frozenset(assigned))
+
+
+@asynccontextmanager
+async def committed_reader(bootstrap: str, topic: str) -> AsyncIterator[tuple[AIOKafkaConsumer, TopicPartition]]:
+    """A consumer reading partition 0 of ``topic`` from the start as downstream sees it (read_committed)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        yield consumer, tp
+    finally:
+        await consumer.stop()

@@ -23,13 +23,13 @@ import re
 import string
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..normalize import Normalizer
 from ..settings import NormalizeSettings
 from .similarity import jaccard, match_earlier, shingles
-from .sources import DATA_DIR, SourceItem
+from .sources import DATA_DIR, SourceItem, write_records
 
 __all__ = [
     "CLEARLY_NOVEL",
@@ -300,13 +300,8 @@ def label_stream(docs: Sequence[BenchDoc]) -> list[BenchDoc]:
 
 
 def write_stream(docs: Iterable[BenchDoc], path: Path = STREAM_FILE) -> int:
-    """Write documents as xz-compressed JSON lines (fixed key order, so rebuilds are byte-identical)."""
-    count = 0
-    with lzma.open(path, "wt", encoding="utf-8", preset=9 | lzma.PRESET_EXTREME) as out:
-        for doc in docs:
-            out.write(json.dumps(asdict(doc), ensure_ascii=False) + "\n")
-            count += 1
-    return count
+    """Write the labelled stream as xz-compressed JSON lines; returns how many."""
+    return write_records(docs, path)
 
 
 def load_stream(path: Path = STREAM_FILE, split: str | None = None) -> list[BenchDoc]:

@@ -23,6 +23,7 @@ import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "DATA_DIR",
@@ -32,6 +33,7 @@ __all__ = [
     "SourceItem",
     "extract_packages",
     "load_sources",
+    "write_records",
     "write_sources",
 ]
 
@@ -90,11 +92,16 @@ def load_sources(path: Path = SOURCES_FILE) -> list[SourceItem]:
 
 
 def write_sources(items: Iterable[SourceItem], path: Path = SOURCES_FILE) -> int:
-    """Write the source texts as xz-compressed JSON lines (fixed key order, so rebuilds are byte-identical)."""
+    """Write the source texts as xz-compressed JSON lines; returns how many."""
+    return write_records(items, path)
+
+
+def write_records(records: Iterable[Any], path: Path) -> int:
+    """Dataclass records as xz-compressed JSON lines (fixed key order, so rebuilds are byte-identical)."""
     count = 0
     with lzma.open(path, "wt", encoding="utf-8", preset=9 | lzma.PRESET_EXTREME) as out:
-        for item in items:
-            out.write(json.dumps(asdict(item), ensure_ascii=False) + "\n")
+        for record in records:
+            out.write(json.dumps(asdict(record), ensure_ascii=False) + "\n")
             count += 1
     return count
 
