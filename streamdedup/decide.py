@@ -62,7 +62,7 @@ class Deduplicator:
         self._max_age = settings.index.max_age_seconds
         self._verify = policy.verify
         self._min_jaccard = policy.min_jaccard
-        self.sketcher = BottomK(policy.sketch_size, seed=settings.fingerprint.seed)
+        self.sketcher = BottomK(policy.sketch_size)
         self.last_timings = BatchTimings()
         self._shingler = (
             None

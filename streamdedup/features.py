@@ -66,13 +66,16 @@ class FeatureBatch:
     """Distinct features per document: document i owns ``hashes[offsets[i]:offsets[i + 1]]``.
 
     ``digests`` holds each feature's full-width hash as uint64 words (``digests[:, 0] == hashes``), in the
-    fingerprint bit order (bit i is bit 63 - i % 64 of word i // 64).
+    fingerprint bit order (bit i is bit 63 - i % 64 of word i // 64). ``identities`` are the features'
+    seeded ``IDENTITY_BITS``-bit identity hashes, ascending within each document: a document's first k
+    features are its bottom-k sample without another sort.
     """
 
     hashes: np.ndarray
     weights: np.ndarray
     offsets: np.ndarray
     digests: np.ndarray = field(repr=False)
+    identities: np.ndarray = field(repr=False)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -391,7 +394,9 @@ class FeatureExtractor:
         owner = (keys >> np.uint64(IDENTITY_BITS)).astype(np.int64)
         offsets = np.searchsorted(owner, np.arange(document_count + 1))
         hashes = digests[:, 0] if digests.shape[1] > 1 else digests.reshape(-1)
-        return FeatureBatch(hashes=np.ascontiguousarray(hashes), weights=weights, offsets=offsets, digests=digests)
+        return FeatureBatch(
+            hashes=np.ascontiguousarray(hashes), weights=weights, offsets=offsets, digests=digests, identities=identity
+        )
 
     def _digests(
         self, identity: np.ndarray, sources: np.ndarray | None, groups: list[_Group], group_sizes: list[int]

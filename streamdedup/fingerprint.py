@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from .document import DeadLetter, Document, DocumentDecoder
-from .features import MAX_DOCUMENTS, FeatureBatch, FeatureExtractor, mix64
+from .features import MAX_DOCUMENTS, FeatureBatch, FeatureExtractor
 from .normalize import CodePointBatch, Normalizer
 from .settings import FeatureSettings, FingerprintSettings, Settings
 
@@ -164,11 +164,9 @@ def fingerprint_hex(fingerprints: np.ndarray) -> list[str]:
 
 
 
-# Segment salts: routing and sampling must not reuse the bits that become segment values.
-_ROUTE_SALT = np.uint64(0x2545F4914F6CDD1D)
-_SAMPLE_SALT = np.uint64(0x5851F42D4C957F2D)
 # Deepest segment group the bit-sliced majority takes; deeper ones (unsampled long texts) use a reduction.
 _MAJORITY_DEPTH = 64
+_LOW_32 = np.uint64(0xFFFFFFFF)
 
 
 def segmented_simhash(
@@ -176,11 +174,11 @@ def segmented_simhash(
 ) -> np.ndarray:
     """Feature-partitioned SimHash: uint64 (documents, width // 64).
 
-    Each feature feeds exactly one of ``segments`` equal segments (chosen by its hash) and each segment is
-    the Charikar SimHash of its own features, over ``width // segments`` bits. A small edit changes the few
-    segments its features fall in and leaves the others bit-for-bit equal, so the index can key one table
-    per segment and find the copy through any untouched one. ``sample`` > 0 keeps only each document's
-    ``sample`` features of least (re-seeded) hash, the same stable sample as bottom-k MinHash, so a long
+    Each feature feeds exactly one of ``segments`` equal segments (chosen by its identity) and each segment
+    is the Charikar SimHash of its own features, over ``width // segments`` bits. A small edit changes the
+    few segments its features fall in and leaves the others bit-for-bit equal, so the index can key one
+    table per segment and find the copy through any untouched one. ``sample`` > 0 keeps only each
+    document's ``sample`` features of least identity, the same stable sample as bottom-k MinHash, so a long
     document has as few features per segment as a short one. A segment with fewer than ``min_features``
     features is left all zero (unkeyed), unless no segment of the document reaches that, in which case every
     non-empty segment counts: short texts stay findable.
@@ -189,29 +187,34 @@ def segmented_simhash(
     if width % segments or seg_bits > 64 or 64 % seg_bits:
         raise ValueError(f"segments must split width {width} into equal parts of 1..64 bits dividing 64, got {segments}")
     documents = len(features)
-    hashes, weights, counts = features.hashes, features.weights, features.counts
+    hashes, weights, identities, counts = features.hashes, features.weights, features.identities, features.counts
     if sample:
-        keep = _bottom(mix64(hashes ^ _SAMPLE_SALT), features.offsets, sample)
-        hashes, weights = hashes[keep], weights[keep]
+        # Features come in identity order within each document, so its first ``sample`` are the sample.
+        rank = np.arange(len(hashes)) - np.repeat(features.offsets[:-1], counts)
+        kept = rank < sample
+        hashes, weights, identities = hashes[kept], weights[kept], identities[kept]
         counts = np.minimum(counts, sample)
-    owner = np.repeat(np.arange(documents, dtype=np.int64), counts)
-    group = owner * segments + (mix64(hashes ^ _ROUTE_SALT) % np.uint64(segments)).astype(np.int64)
+    owner = np.repeat(np.arange(documents, dtype=np.uint64), counts)
+    # The identity's low bits route: independent of the digest bits that become the segment's value.
+    group = owner * np.uint64(segments) + identities % np.uint64(segments)
     cells = documents * segments
-    # Group numbers below 2**16 sort by radix (linear) in numpy's stable sort.
-    order = np.argsort(group.astype(np.uint16) if cells <= 1 << 16 else group, kind="stable")
-    group, hashes, weights = group[order], hashes[order], weights[order]
-    sizes = np.bincount(group, minlength=cells)
+    sizes = np.bincount(group.astype(np.intp), minlength=cells)
     values = np.zeros(cells, dtype=np.uint64)
-    if len(group):
+    unit = bool(np.all(weights == 1.0))
+    if len(group) and unit and seg_bits == 32 and sizes.max() <= _MAJORITY_DEPTH:
+        # (group, value) packed in one word: a plain sort (vectorised in numpy) groups them, no argsort.
+        packed = np.sort((group << np.uint64(32)) | (hashes >> np.uint64(32)))
+        group = (packed >> np.uint64(32)).astype(np.intp)
         starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-        group_sizes = sizes[group[starts]]
-        unit = bool(np.all(weights == 1.0))
-        if unit and seg_bits == 32 and group_sizes.max() <= _MAJORITY_DEPTH:
-            values[group[starts]] = _majority32(hashes, starts, group_sizes)
-            set_bits = None
-        elif unit:
+        values[group[starts]] = _majority32((packed & _LOW_32).astype(np.uint32), starts, sizes[group[starts]])
+    elif len(group):
+        order = np.argsort(group)
+        group, hashes, weights = group[order].astype(np.intp), hashes[order], weights[order]
+        starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        if unit:
             leading = _leading_bits(hashes, seg_bits)
             # Unit weights: a bit is set where more than half of the segment's features have it.
+            group_sizes = sizes[group[starts]]
             widest = int(group_sizes.max())
             dtype = np.uint8 if widest < 1 << 8 else np.uint16 if widest < 1 << 16 else np.uint32
             ones = np.add.reduceat(leading, starts, axis=0, dtype=dtype)
@@ -219,10 +222,9 @@ def segmented_simhash(
         else:
             signed = (_leading_bits(hashes, seg_bits).astype(np.float64) * 2.0 - 1.0) * weights[:, None]
             set_bits = np.add.reduceat(signed, starts, axis=0) > 0
-        if set_bits is not None:
-            packed = np.zeros((len(starts), 8), dtype=np.uint8)
-            packed[:, : -(-seg_bits // 8)] = np.packbits(set_bits, axis=1)
-            values[group[starts]] = packed.view(">u8").ravel() >> np.uint64(64 - seg_bits)
+        packed_bits = np.zeros((len(starts), 8), dtype=np.uint8)
+        packed_bits[:, : -(-seg_bits // 8)] = np.packbits(set_bits, axis=1)
+        values[group[starts]] = packed_bits.view(">u8").ravel() >> np.uint64(64 - seg_bits)
     values = values.reshape(documents, segments)
     sizes = sizes.reshape(documents, segments)
     keyed = sizes >= min_features
@@ -241,17 +243,17 @@ def _leading_bits(hashes: np.ndarray, bits: int) -> np.ndarray:
     return np.unpackbits(hashes.astype(">u8").view(np.uint8).reshape(-1, 8)[:, : -(-bits // 8)], axis=1)[:, :bits]
 
 
-def _majority32(hashes: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Per group of consecutive hashes: the bits (of the top 32) set in more than half of its members.
+def _majority32(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per group of consecutive uint32 values: the bits set in more than half of its members.
 
     Bit-sliced: the members are laid out by rank in a (groups, depth) array and added into vertical
     counters, one uint32 word of 32 lanes per group, so each step is one vectorised operation over every
     group and bit at once. Segment groups are small (a handful of features), where this beats a reduction.
     """
     depth = int(sizes.max())
-    rank = np.arange(len(hashes)) - np.repeat(starts, sizes)
+    rank = np.arange(len(values)) - np.repeat(starts, sizes)
     lanes = np.zeros((len(starts), depth), dtype=np.uint32)
-    lanes[np.repeat(np.arange(len(starts)), sizes), rank] = (hashes >> np.uint64(32)).astype(np.uint32)
+    lanes[np.repeat(np.arange(len(starts)), sizes), rank] = values
     levels = max(1, depth.bit_length())
     counters = [np.zeros(len(starts), dtype=np.uint32) for _ in range(levels)]
     for column in lanes.T:
@@ -268,18 +270,6 @@ def _majority32(hashes: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np
         greater |= equal & counters[bit] & ~threshold
         equal &= ~(counters[bit] ^ threshold)
     return greater.astype(np.uint64)
-
-
-def _bottom(values: np.ndarray, offsets: np.ndarray, k: int) -> np.ndarray:
-    """Mask of each document's k least values (documents own contiguous runs given by ``offsets``)."""
-    counts = np.diff(offsets)
-    owner = np.repeat(np.arange(len(counts), dtype=np.uint64), counts)
-    # One sort on (document, value) packed in a word: the document in the top 24 bits keeps each run in place.
-    order = np.argsort((owner << np.uint64(40)) | (values >> np.uint64(24)))
-    rank = np.arange(len(values)) - np.repeat(offsets[:-1], counts)
-    keep = np.zeros(len(values), dtype=bool)
-    keep[order[rank < k]] = True
-    return keep
 
 
 @dataclass(frozen=True)
@@ -436,6 +426,7 @@ def _concatenate(parts: list[FeatureBatch], width: int) -> FeatureBatch:
         weights=np.concatenate([part.weights for part in parts]),
         offsets=np.concatenate(offsets),
         digests=np.concatenate([part.digests for part in parts]).reshape(-1, width // 64),
+        identities=np.concatenate([part.identities for part in parts]),
     )
 
 
@@ -447,7 +438,7 @@ def _place(features: FeatureBatch, usable: list[int], total: int) -> FeatureBatc
     counts[usable] = features.counts
     offsets = np.zeros(total + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    return FeatureBatch(features.hashes, features.weights, offsets, features.digests)
+    return FeatureBatch(features.hashes, features.weights, offsets, features.digests, features.identities)
 
 
 def fingerprint_command(

@@ -1,6 +1,8 @@
 """Bottom-k MinHash, as in "Simhashing (hopefully) made simple": one hash function, the k least values.
 
-The sketch of a document is the k smallest (re-seeded, 44-bit) hashes of its distinct features, ascending. Two sets
+The sketch of a document is the k smallest 44-bit hashes of its distinct features, ascending: by default
+the features' own identity hashes (seeded by the extractor, and already sorted per document, so a sketch
+costs no sort), or with a ``seed`` those re-mixed into another hash function. Two sets
 share their minimum with probability equal to their Jaccard index, and the k least values of one hash
 function make a cluster key that needs k shared members to match and changes rarely as members come and
 go. The Jaccard estimate between two sketches is the standard bottom-k one: among the k smallest distinct
@@ -26,32 +28,35 @@ _VALUE_MASK = np.uint64((1 << IDENTITY_BITS) - 1)
 class BottomK:
     """Bottom-k sketches of :class:`FeatureBatch` documents, vectorised over the batch."""
 
-    def __init__(self, k: int = 128, seed: int = 0) -> None:
+    def __init__(self, k: int = 128, seed: int | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
-        if not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        if seed is not None and not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be None or in [0, 2**64), got {seed}")
         self.k = k
         self.seed = seed
-        self._seed_key = np.uint64(seed)
 
     def sketch(self, features: FeatureBatch) -> np.ndarray:
         """uint64 (documents, k): each row's k least values ascending, padded with :data:`EMPTY_SLOT`."""
         documents = len(features)
         if documents > MAX_DOCUMENTS:
             raise ValueError(f"at most {MAX_DOCUMENTS} documents per sketch call, got {documents}")
-        # Re-mixing with the seed makes this hash function independent of the feature hash. Values keep 44
-        # bits so that (document, value) fits one uint64 key and one plain sort orders the whole batch.
-        values = mix64(features.hashes ^ self._seed_key) >> _DOCUMENT_SHIFT
-        keys = np.sort((features.documents.astype(np.uint64) << _VALUE_BITS) | values)
-        distinct = np.ones(len(keys), dtype=bool)
-        distinct[1:] = keys[1:] != keys[:-1]
-        keys = keys[distinct]
-        owner = (keys >> _VALUE_BITS).astype(np.int64)
-        rank = np.arange(len(keys)) - np.searchsorted(owner, owner)
+        if self.seed is None:
+            values, owner = features.identities, features.documents
+            rank = np.arange(len(values)) - np.repeat(features.offsets[:-1], features.counts)
+        else:
+            # Re-mixing with the seed makes this hash function independent of the feature hash. Values keep
+            # 44 bits so that (document, value) fits one uint64 key and one plain sort orders the batch.
+            mixed = mix64(features.hashes ^ np.uint64(self.seed)) >> _DOCUMENT_SHIFT
+            keys = np.sort((features.documents.astype(np.uint64) << _VALUE_BITS) | mixed)
+            distinct = np.ones(len(keys), dtype=bool)
+            distinct[1:] = keys[1:] != keys[:-1]
+            keys = keys[distinct]
+            values, owner = keys & _VALUE_MASK, (keys >> _VALUE_BITS).astype(np.int64)
+            rank = np.arange(len(keys)) - np.searchsorted(owner, owner)
         kept = rank < self.k
         result = np.full((documents, self.k), EMPTY_SLOT, dtype=np.uint64)
-        result[owner[kept], rank[kept]] = keys[kept] & _VALUE_MASK
+        result[owner[kept], rank[kept]] = values[kept]
         return result
 
     def jaccard(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -112,7 +112,7 @@ def test_batch_simhash_matches_simhash_from_bits(counts: list[int], words: int, 
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     digests = rng.integers(0, 2**64, size=(offsets[-1], words), dtype=np.uint64, endpoint=False)
     weights = rng.integers(-3, 4, offsets[-1]).astype(float) if weighted else np.ones(offsets[-1])
-    batch = FeatureBatch(digests[:, 0].copy(), weights, offsets, digests)
+    batch = FeatureBatch(digests[:, 0].copy(), weights, offsets, digests, digests[:, 0] >> np.uint64(20))
     result = simhash_from_features(batch)
     for document in range(len(counts)):
         own = slice(offsets[document], offsets[document + 1])
@@ -283,13 +283,12 @@ def test_cli_file_prints_one_line_per_record(tmp_path: Path, capsys: pytest.Capt
 # --- segmented SimHash ---------------------------------------------------------------------------------------
 
 
-def brute_segments(hashes: list[int], segments: int, bits: int, min_features: int) -> list[int]:
-    """Per segment: the SimHash of the features routed to it (one Python loop per bit: the oracle)."""
-    from streamdedup.fingerprint import _ROUTE_SALT
-    from streamdedup.features import mix64
-
-    route = (mix64(np.array(hashes, dtype=np.uint64) ^ _ROUTE_SALT) % np.uint64(segments)).tolist()
-    members = [[h for h, r in zip(hashes, route) if r == g] for g in range(segments)]
+def brute_segments(
+    hashes: list[int], identities: list[int], segments: int, bits: int, min_features: int, sample: int
+) -> list[int]:
+    """Per segment: the SimHash of the sampled features routed to it (one Python loop per bit: the oracle)."""
+    chosen = sorted(zip(identities, hashes))[: sample or None]
+    members = [[h for identity, h in chosen if identity % segments == g] for g in range(segments)]
     values = []
     for group in members:
         votes = [sum(1 if (h >> (63 - i)) & 1 else -1 for h in group) for i in range(bits)]
@@ -305,18 +304,24 @@ def brute_segments(hashes: list[int], segments: int, bits: int, min_features: in
     st.lists(st.lists(st.integers(0, 2**64 - 1), max_size=40, unique=True), min_size=1, max_size=6),
     st.sampled_from([(128, 8), (256, 8), (1024, 32), (512, 64)]),
     st.integers(1, 3),
+    st.sampled_from([0, 5, 24]),
 )
-def test_segmented_simhash_matches_brute_force(docs: list[list[int]], shape: tuple[int, int], min_features: int) -> None:
+def test_segmented_simhash_matches_brute_force(
+    docs: list[list[int]], shape: tuple[int, int], min_features: int, sample: int
+) -> None:
     from streamdedup.fingerprint import segmented_simhash
 
     width, segments = shape
     bits = width // segments
+    # Identities: distinct 44-bit values, ascending within each document as the extractor leaves them.
+    identities = [sorted((h * 0x9E3779B97F4A7C15 % 2**64) >> 20 for h in doc) for doc in docs]
     hashes = np.array([h for doc in docs for h in doc], dtype=np.uint64)
     offsets = np.cumsum([0] + [len(doc) for doc in docs])
-    batch = FeatureBatch(hashes, np.ones(len(hashes)), offsets, hashes[:, None])
-    fingerprints = segmented_simhash(batch, width, segments, min_features=min_features)
-    for row, doc in zip(fingerprints, docs):
-        expected = brute_segments(doc, segments, bits, min_features)
+    flat_identities = np.array([i for doc in identities for i in doc], dtype=np.uint64)
+    batch = FeatureBatch(hashes, np.ones(len(hashes)), offsets, hashes[:, None], flat_identities)
+    fingerprints = segmented_simhash(batch, width, segments, min_features=min_features, sample=sample)
+    for row, doc, doc_identities in zip(fingerprints, docs, identities):
+        expected = brute_segments(doc, doc_identities, segments, bits, min_features, sample)
         per_word = 64 // bits
         got = [(int(row[g // per_word]) >> (bits * (per_word - 1 - g % per_word))) & ((1 << bits) - 1) for g in range(segments)]
         assert got == expected

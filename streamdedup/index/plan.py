@@ -14,6 +14,7 @@ so its values pack densely into one LMDB dupfixed page instead of paying a node 
 from __future__ import annotations
 
 import json
+import functools
 import math
 from dataclasses import dataclass
 from itertools import combinations
@@ -242,15 +243,17 @@ def _sampled_recall(bits: int, tables: tuple[tuple[int, ...], ...], distance: in
     return float(np.clip((signs * free[sizes]).sum() / total, 0.0, 1.0))
 
 
-def runs(positions: tuple[int, ...]) -> list[tuple[int, int, int]]:
-    """Maximal runs of consecutive positions within one 64-bit word: (word, first bit in word, length)."""
+@functools.cache
+def runs(positions: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """Maximal runs of consecutive positions within one 64-bit word: (word, first bit in word, length).
+    Cached: a plan asks for the same few key layouts on every batch."""
     out: list[tuple[int, int, int]] = []
     for p in positions:
         if out and out[-1][0] == p // 64 and out[-1][1] + out[-1][2] == p % 64:
             out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
         else:
             out.append((p // 64, p % 64, 1))
-    return out
+    return tuple(out)
 
 
 def gather_bits(fps: np.ndarray, positions: tuple[int, ...], packed_bits: np.ndarray | None = None) -> np.ndarray:

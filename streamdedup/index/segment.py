@@ -82,6 +82,28 @@ class EntryRecords:
     origins: list[tuple[str, int, int] | None]
 
 
+@dataclass(frozen=True)
+class _TableKeys:
+    """A batch's rows in every table, each table's row sorted by key: ``rows[t, i]`` is the batch row at
+    sorted position i of table t, with key ``keys[t, i]`` and stored value ``values[t, i]``. ``runs[t, i]``
+    is true where position i starts a run of equal keys. One sort serves lookup, in-batch pairs and insert."""
+
+    rows: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    runs: np.ndarray
+    folds: np.ndarray
+
+    def run_ends(self) -> np.ndarray:
+        """(T, n) end (exclusive, within the table) of the run each position belongs to."""
+        tables, n = self.keys.shape
+        starts = np.flatnonzero(self.runs.ravel())
+        ends = np.append(starts[1:], tables * n)
+        flat_end = ends[np.cumsum(self.runs.ravel()) - 1]
+        # A table's last run ends at the table's end, not at the next table's first position.
+        return np.minimum(flat_end.reshape(tables, n) - np.arange(tables)[:, None] * n, n)
+
+
 def _seq_bytes(seqs: np.ndarray) -> list[bytes]:
     return np.ascontiguousarray(seqs, dtype=_U64).view("V8").tolist()
 
@@ -365,15 +387,33 @@ class SegmentIndex:
             raise ValueError(f"fingerprints must be uint64, got {fps.dtype}")
         return np.ascontiguousarray(fps)
 
-    def _table_rows(self, fps: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
-        """Per table: keys and values as right-aligned uint64; plus the folds."""
+    def _table_rows(self, fps: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        """Keys as right-aligned uint64 (tables, n), each table's values likewise; plus the folds."""
         folds = fold(fps)
-        shared = unpack_bits(fps) if self.plan.kind == "sampled" else None
-        keys = [gather_bits(fps, key, shared) for key in self.plan.tables]
+        plan = self.plan
+        size = self.bits // len(plan.tables)
+        if plan.kind == "segments" and 64 % size == 0:
+            # Segments tile the words in order: one shift-and-mask over every word gives every table's keys.
+            shifts = np.arange(64 // size - 1, -1, -1, dtype=np.uint64) * np.uint64(size)
+            mask = np.uint64(2**size - 1)
+            keys = ((fps[:, :, None] >> shifts) & mask).reshape(len(fps), len(plan.tables)).T
+        else:
+            shared = unpack_bits(fps) if plan.kind == "sampled" else None
+            keys = np.array([gather_bits(fps, key, shared) for key in plan.tables], dtype=np.uint64).reshape(-1, len(fps))
         if self.words > 1:
             return keys, [folds] * len(keys), folds
-        values = [gather_bits(fps, self.plan.value_bits(t), shared) for t in range(len(keys))]
+        values = [gather_bits(fps, plan.value_bits(t)) for t in range(len(keys))]
         return keys, values, folds
+
+    def _table_keys(self, fps: np.ndarray) -> _TableKeys:
+        key_matrix, values, folds = self._table_rows(fps)
+        # One call sorts every table's keys (a row-wise sort), whatever the key width.
+        order = np.argsort(key_matrix, axis=1)
+        sorted_keys = np.take_along_axis(key_matrix, order, axis=1)
+        runs = np.ones(sorted_keys.shape, dtype=bool)
+        runs[:, 1:] = sorted_keys[:, 1:] != sorted_keys[:, :-1]
+        sorted_values = folds[order] if self.words > 1 else np.take_along_axis(np.stack(values), order, axis=1)
+        return _TableKeys(order, sorted_keys, sorted_values, runs, folds)
 
     def _folds_from_rows(self, table: int, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Rebuild the 64-bit folds of table rows (the inverse of the key/value split)."""
@@ -401,12 +441,15 @@ class SegmentIndex:
         if n == 0:
             return empty, None
         radius = self.radius
-        keys, values, qfolds = self._table_rows(fps)
-        found_rows, found_folds = [], []
+        table_keys = self._table_keys(fps)
+        probes = table_keys.runs & (table_keys.keys != 0) if self._unkeyed_zero else table_keys.runs
+        found_tables, found_positions, found_values, found_folds = [], [], [], []
         for table, db in enumerate(self._tables):
             kb, vb = self._key_bytes[table], self._value_bytes[table]
-            unique_keys, inverse = np.unique(keys[table], return_inverse=True)
-            probed = unique_keys[unique_keys != 0] if self._unkeyed_zero else unique_keys
+            positions = np.flatnonzero(probes[table])
+            if not len(positions):
+                continue
+            probed = table_keys.keys[table, positions]
             with txn.cursor(db) as cursor:
                 raw = cursor.getmulti(_int_bytes(probed, kb), dupdata=True, dupfixed_bytes=vb, keyfixed=True)
             if not len(raw):
@@ -418,15 +461,22 @@ class SegmentIndex:
             else:
                 rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, kb + vb)
                 found_keys, stored = _bytes_int(rows[:, :kb]), _bytes_int(rows[:, kb:])
-            qi, ri = _group_expand(unique_keys, inverse, found_keys)
-            near = np.bitwise_count(stored[ri] ^ values[table][qi]) <= radius
-            qi, ri = qi[near], ri[near]
-            found_rows.append(qi)
-            found_folds.append(self._folds_from_rows(table, found_keys[ri], stored[ri]))
-        if not found_rows:
+            found_tables.append(np.full(len(stored), table))
+            found_positions.append(positions[np.searchsorted(probed, found_keys)])
+            found_values.append(stored)
+            found_folds.append(self._folds_from_rows(table, found_keys, stored))
+        if not found_values:
             return empty, None
-        qi = np.concatenate(found_rows)
-        folds_found = np.concatenate(found_folds)
+        tables = np.concatenate(found_tables)
+        positions = np.concatenate(found_positions)
+        # Each stored row pairs with every batch row of its key's run (usually one).
+        run_lengths = table_keys.run_ends()[tables, positions] - positions
+        found = np.repeat(np.arange(len(tables)), run_lengths)
+        offsets = np.arange(len(found)) - np.repeat(np.cumsum(run_lengths) - run_lengths, run_lengths)
+        tables, positions = tables[found], positions[found] + offsets
+        stored, folds_found = np.concatenate(found_values)[found], np.concatenate(found_folds)[found]
+        near = np.bitwise_count(stored ^ table_keys.values[tables, positions]) <= radius
+        qi, folds_found = table_keys.rows[tables[near], positions[near]], folds_found[near]
         if not len(qi):
             return empty, None
         # A pair found through several tables counts once.
@@ -678,21 +728,19 @@ class SegmentIndex:
             cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads, id_bytes)), append=True)
         with txn.cursor(self._ids) as cursor:
             cursor.putmulti(zip(id_keys, seq_keys))
-        keys, values, folds = self._table_rows(fps)
+        table_keys = self._table_keys(fps)
+        folds = table_keys.folds
         # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
         order = np.argsort(folds)
         with txn.cursor(self._folds) as cursor:
             cursor.putmulti(zip(_seq_bytes(folds[order]), _seq_bytes(seqs[order])))
         for table, db in enumerate(self._tables):
-            key = keys[table]
-            # Keys of 16 bits or less sort by radix in numpy (stable kind): linear, not n log n.
-            order = np.argsort(key.astype(np.uint16), kind="stable") if self._key_bytes[table] <= 2 else np.argsort(key)
-            if self._unkeyed_zero:
-                order = order[key[order] != 0]
-            key_bytes = _int_bytes(keys[table][order], self._key_bytes[table])
-            value_bytes = _int_bytes(values[table][order], self._value_bytes[table])
+            keys, values = table_keys.keys[table], table_keys.values[table]
+            wanted = keys != 0 if self._unkeyed_zero else slice(None)
             with txn.cursor(db) as cursor:
-                cursor.putmulti(zip(key_bytes, value_bytes))
+                cursor.putmulti(
+                    zip(_int_bytes(keys[wanted], self._key_bytes[table]), _int_bytes(values[wanted], self._value_bytes[table]))
+                )
         # One row per (time bucket, batch): the batch's entry keys in that bucket as (start, stop) runs.
         buckets = self._buckets(times)
         order = np.argsort(buckets, kind="stable")
@@ -763,29 +811,23 @@ class SegmentIndex:
         fps = self._check_fps(fps)
         n = len(fps)
         none = np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
-        keys, _, _ = self._table_rows(fps)
-        # One sort over (table, key) for every table at once: rows sharing a key in any table end up adjacent.
-        table_of = np.repeat(np.arange(len(keys)), n)
-        row_of = np.tile(np.arange(n), len(keys))
-        flat = np.stack(keys).ravel()
-        if self._unkeyed_zero:
-            keyed = flat != 0
-            flat, table_of, row_of = flat[keyed], table_of[keyed], row_of[keyed]
-        order = np.lexsort((flat, table_of))
-        sorted_table, sorted_key, rows = table_of[order], flat[order], row_of[order]
-        # Each position pairs with every later position of its (table, key) run.
-        boundary = np.r_[(sorted_table[1:] != sorted_table[:-1]) | (sorted_key[1:] != sorted_key[:-1]), True]
-        run_end = np.flatnonzero(boundary)
+        table_keys = self._table_keys(fps)
+        rows = table_keys.rows.ravel()
         positions = np.arange(len(rows))
-        later_count = run_end[np.searchsorted(run_end, positions)] - positions
+        # Each position pairs with every later position of its (table, key) run.
+        run_end = table_keys.run_ends().ravel() + np.repeat(np.arange(len(table_keys.keys)) * n, n)
+        later_count = run_end - positions - 1
+        if self._unkeyed_zero:
+            later_count[table_keys.keys.ravel() == 0] = 0
         total = int(later_count.sum())
         if not total:
             return none
         first = np.repeat(positions, later_count)
         step = np.arange(total) - np.repeat(np.cumsum(later_count) - later_count, later_count) + 1
         a, b = rows[first], rows[first + step]
-        pairs = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1), axis=0)
-        earlier, later = pairs[:, 0], pairs[:, 1]
+        # A pair found through several tables counts once: (earlier, later) packed in one word, one sort.
+        pairs = np.unique(np.minimum(a, b).astype(np.uint64) * np.uint64(n) + np.maximum(a, b).astype(np.uint64))
+        earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
         distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
         near = distances <= self.radius
         return earlier[near], later[near], distances[near]
