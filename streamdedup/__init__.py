@@ -10,6 +10,7 @@ from .fingerprint import FingerprintBatch, Fingerprinter, fingerprint_hex, simha
 from .minhash import BottomK
 from .normalize import Normalizer
 from .settings import ConfigError, Settings, load_settings
+from .signature import Signatures, Signer, SignerPool
 
 __version__ = _version("streamdedup")
 
@@ -22,6 +23,9 @@ __all__ = [
     "Fingerprinter",
     "Normalizer",
     "Settings",
+    "Signatures",
+    "Signer",
+    "SignerPool",
     "SimHashDocumentEncoder",
     "__version__",
     "fingerprint_hex",

@@ -17,11 +17,9 @@ from typing import Literal
 import numpy as np
 
 from .document import Document
-from .features import FeatureExtractor
-from .fingerprint import FingerprintBatch, Fingerprinter
 from .index import SegmentIndex
-from .minhash import BottomK
 from .settings import Settings
+from .signature import Signatures, Signer
 
 __all__ = ["BatchTimings", "Deduplicator", "Verdict"]
 
@@ -56,40 +54,34 @@ class Deduplicator:
     def __init__(self, settings: Settings, index: SegmentIndex) -> None:
         self.settings = settings
         self.index = index
-        self.fingerprinter = Fingerprinter(**settings.fingerprint.model_dump())
+        self.signer = Signer(settings.fingerprint, settings.dedup)
+        self.sketcher = self.signer.sketcher
         policy = settings.dedup
         self._radius = settings.index.radius
         self._max_age = settings.index.max_age_seconds
         self._verify = policy.verify
         self._min_jaccard = policy.min_jaccard
-        self.sketcher = BottomK(policy.sketch_size)
         self.last_timings = BatchTimings()
-        self._shingler = (
-            None
-            if policy.sketch_features is None
-            else FeatureExtractor(policy.sketch_features, settings.fingerprint.hash, settings.fingerprint.seed)
-        )
-
-    def sketch(self, batch: FingerprintBatch) -> np.ndarray:
-        """Bottom-k sketches of a fingerprinted batch, as stored in the index payload."""
-        if self._shingler is None:
-            return self.sketcher.sketch(batch.features)
-        return self.sketcher.sketch(self._shingler.extract(batch.normalized))
 
     def decide(
         self,
         docs: Sequence[Document],
         *,
         source_offsets: Mapping[tuple[str, int], int] | None = None,
+        signatures: Signatures | None = None,
     ) -> list[Verdict]:
-        """Verdicts for ``docs`` in order; kept documents and ``source_offsets`` stored in one transaction."""
+        """Verdicts for ``docs`` in order; kept documents and ``source_offsets`` stored in one transaction.
+
+        ``signatures`` of the documents' texts, when signed elsewhere (a :class:`SignerPool`), save signing here.
+        """
         started = time.perf_counter()
-        batch = self.fingerprinter.fingerprint_batch([doc.text for doc in docs])
-        fps = batch.fingerprints
+        if signatures is None:
+            signatures = self.signer.sign([doc.text for doc in docs])
+        elif len(signatures) != len(docs):
+            raise ValueError(f"{len(signatures)} signatures for {len(docs)} documents")
+        fps, sketches = signatures.fingerprints, signatures.sketches
         times = np.fromiter((doc.time for doc in docs), dtype=np.float64, count=len(docs))
-        sketches = self.sketch(batch)
-        failed = np.fromiter((err is not None for err in batch.errors), dtype=bool, count=len(docs))
-        indexable = ~(batch.empty | failed)
+        indexable = signatures.indexable
         ids = [doc.id for doc in docs]
         fingerprinted = time.perf_counter()
 
@@ -99,7 +91,7 @@ class Deduplicator:
         verdicts = []
         for row, fingerprint in enumerate(fps):
             if not indexable[row]:
-                verdicts.append(Verdict(True, "unindexable", fingerprint, error=batch.errors[row]))
+                verdicts.append(Verdict(True, "unindexable", fingerprint, error=signatures.errors[row]))
             elif row in matches:
                 match_id, distance, jaccard = matches[row]
                 exact = distance == 0 and (not self._verify or jaccard >= 1.0)

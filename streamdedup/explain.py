@@ -41,8 +41,8 @@ def explain(text_a: str, text_b: str, settings: Settings) -> Explanation:
     """Run ``a`` then ``b`` through the real decision core on a throw-away index."""
     with tempfile.TemporaryDirectory(prefix="streamdedup-explain-") as work, open_index(settings, Path(work)) as index:
         dedup = Deduplicator(settings, index)
-        batch = dedup.fingerprinter.fingerprint_batch([text_a, text_b])
-        sketches = dedup.sketch(batch)
+        batch = dedup.signer.fingerprinter.fingerprint_batch([text_a, text_b])
+        sketches = dedup.signer.sign_batch(batch).sketches
         _, verdict_b = dedup.decide([Document("a", text_a, 0.0, None), Document("b", text_b, 0.0, None)])
     fps = batch.fingerprints
     distance = int(np.bitwise_count(fps[0] ^ fps[1]).sum())

@@ -158,9 +158,12 @@ def _ones_per_bit(words: np.ndarray) -> np.ndarray:
 
 
 def fingerprint_hex(fingerprints: np.ndarray) -> list[str]:
-    """Hex string of each fingerprint row (each word as 16 hex digits, words in order)."""
+    """Hex string of each fingerprint row (each word as 16 hex digits, words in order: the bits read left
+    to right). One hex conversion for the whole array, then cut per row."""
     rows = np.atleast_2d(np.asarray(fingerprints, dtype=np.uint64))
-    return [row.astype(">u8").tobytes().hex() for row in rows]
+    digits = rows.astype(">u8").tobytes().hex()
+    step = rows.shape[1] * 16
+    return [digits[start : start + step] for start in range(0, len(digits), step)]
 
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from tqdm import tqdm
 
@@ -20,8 +22,11 @@ from .decide import Deduplicator, Verdict
 from .document import DeadLetter, Document, DocumentDecoder
 from .index import SegmentIndex
 from .settings import Settings
+from .signature import Signatures, SignerPool
 
-__all__ = ["DedupSummary", "dedup_file", "open_index"]
+__all__ = ["DedupSummary", "decide_batches", "dedup_file", "open_index", "signer_pool"]
+
+_Tag = TypeVar("_Tag")
 
 
 @dataclass
@@ -42,15 +47,46 @@ class DedupSummary:
         }
 
 
-def open_index(settings: Settings, path: Path) -> SegmentIndex:
-    """The index the settings describe, at ``path``: the one place service and offline mode open it."""
+def open_index(settings: Settings, path: Path, *, durable: bool = True) -> SegmentIndex:
+    """The index the settings describe, at ``path``: the one place service and offline mode open it.
+
+    ``durable=False`` skips the fsync per batch (``index.sync``) for a run that cannot resume after an OS
+    crash anyway (the offline mode); the index is flushed once when it closes."""
+    index_settings = settings.index if durable else settings.index.model_copy(update={"sync": False})
     return SegmentIndex.from_settings(
-        settings.index,
+        index_settings,
         bits=settings.fingerprint.width,
         payload_bytes=settings.dedup.sketch_size * 8,
         path=path,
         segments=settings.fingerprint.segments,
     )
+
+
+def signer_pool(settings: Settings) -> SignerPool | nullcontext[None]:
+    """The configured signing processes, or nothing when ``dedup.workers`` is 0 (a context manager either way)."""
+    workers = settings.dedup.workers
+    return SignerPool(settings.fingerprint, settings.dedup, workers) if workers else nullcontext()
+
+
+def decide_batches(
+    dedup: Deduplicator, batches: Iterable[tuple[_Tag, list[Document]]], pool: SignerPool | None
+) -> Iterator[tuple[_Tag, list[Document], list[Verdict]]]:
+    """Each (tag, batch) with the batch's verdicts, in order. With a pool, the batches after this one are
+    read and signed in the workers while this one is decided, one ahead per worker."""
+    ahead = 0 if pool is None else pool.workers
+    pending: deque[tuple[_Tag, list[Document], Future[Signatures] | None]] = deque()
+    for tag, docs in batches:
+        pending.append((tag, docs, None if pool is None else pool.submit([doc.text for doc in docs])))
+        if len(pending) > ahead:
+            yield _decided(dedup, *pending.popleft())
+    while pending:
+        yield _decided(dedup, *pending.popleft())
+
+
+def _decided(
+    dedup: Deduplicator, tag: _Tag, docs: list[Document], signing: Future[Signatures] | None
+) -> tuple[_Tag, list[Document], list[Verdict]]:
+    return tag, docs, dedup.decide(docs, signatures=None if signing is None else signing.result())
 
 
 def dedup_file(
@@ -70,31 +106,40 @@ def dedup_file(
     summary = DedupSummary()
     show_progress = sys.stderr.isatty() if progress is None else progress
     dead_letter_path = dead_letter_path or output_path.with_name(output_path.name + ".dead-letters.jsonl")
-    with (
-        open_index(settings, work_dir) as index,
-        input_path.open("rb") as source,
-        output_path.open("wb") as kept_out,
-        dead_letter_path.open("wb") as dead_out,
-        tqdm(total=input_path.stat().st_size, unit="B", unit_scale=True, disable=not show_progress) as bar,
-    ):
-        dedup = Deduplicator(settings, index)
+    def documents(source: BinaryIO, dead_out: BinaryIO) -> Iterator[tuple[tuple[list[bytes], int], list[Document]]]:
+        """Decoded batches tagged with their lines and byte count; dead letters are written as they are met
+        (they never reach the decision core)."""
         for lines in _batches(source, batch_size):
             decoded = [
                 decoder.decode(line, default_id=f"line-{summary.read + n + 1}", timestamp=0.0)
                 for n, line in enumerate(lines)
             ]
             summary.read += len(lines)
-            documents = [(line, item) for line, item in zip(lines, decoded) if isinstance(item, Document)]
-            verdicts = dedup.decide([doc for _, doc in documents])
-            for (line, doc), verdict in zip(documents, verdicts):
+            kept_lines, docs = [], []
+            for line, item in zip(lines, decoded, strict=True):
+                if isinstance(item, Document):
+                    kept_lines.append(line)
+                    docs.append(item)
+                else:
+                    summary.dead_lettered[item.reason] += 1
+                    dead_out.write(_dead_letter_line(line, item))
+            yield (kept_lines, sum(map(len, lines))), docs
+
+    with (
+        open_index(settings, work_dir, durable=False) as index,
+        signer_pool(settings) as pool,
+        input_path.open("rb") as source,
+        output_path.open("wb") as kept_out,
+        dead_letter_path.open("wb") as dead_out,
+        tqdm(total=input_path.stat().st_size, unit="B", unit_scale=True, disable=not show_progress) as bar,
+    ):
+        batches = decide_batches(Deduplicator(settings, index), documents(source, dead_out), pool)
+        for (lines, size), docs, verdicts in batches:
+            for line, doc, verdict in zip(lines, docs, verdicts, strict=True):
                 _record(summary, doc, verdict, max_examples)
                 if verdict.novel:
                     kept_out.write(_with_newline(line))
-            for line, item in zip(lines, decoded):
-                if isinstance(item, DeadLetter):
-                    summary.dead_lettered[item.reason] += 1
-                    dead_out.write(_dead_letter_line(line, item))
-            bar.update(sum(len(line) for line in lines))
+            bar.update(size)
     return summary
 
 

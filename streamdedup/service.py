@@ -19,14 +19,17 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
+import numpy as np
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from .decide import Deduplicator, Verdict
+from .fingerprint import fingerprint_hex
 from .document import DeadLetter, Document, DocumentDecoder
 from .health import HealthServer
 from .index import SegmentIndex
@@ -40,6 +43,7 @@ from .metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from .names import DEAD_LETTER_REASONS
 from .offline import open_index
 from .settings import Settings
+from .signature import Signatures, SignerPool
 
 __all__ = ["DedupService", "ServiceStats", "run_service"]
 
@@ -97,6 +101,7 @@ class DedupService(Lifecycle):
         self._decoder = DocumentDecoder(settings.input)
         self._index: SegmentIndex | None = None
         self._dedup: Deduplicator | None = None
+        self._signers: SignerPool | None = None
         self._health: HealthServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -117,6 +122,7 @@ class DedupService(Lifecycle):
             return
         self._index = open_index(self.settings, self.settings.index.path)
         self._dedup = Deduplicator(self.settings, self._index)
+        await self._start_signers()
         if self.settings.metrics.enabled:
             self._health = HealthServer(
                 self.metrics.registry,
@@ -148,10 +154,33 @@ class DedupService(Lifecycle):
             if self._health is not None:
                 await self._health.stop()
                 self._health = None
+            signers, self._signers = self._signers, None
+            if signers is not None:
+                await asyncio.to_thread(signers.stop)
             if self._index is not None:
                 self._index.close()
                 self._index = None
                 self._dedup = None
+
+    async def _start_signers(self) -> None:
+        """Spawn the signing workers and wait until they can sign (a first batch would wait for that)."""
+        workers = self.settings.dedup.workers
+        if workers:
+            self._signers = SignerPool(self.settings.fingerprint, self.settings.dedup, workers)
+            await asyncio.wrap_future(self._signers.submit([]))
+
+    async def _sign(self, texts: list[str]) -> Signatures | None:
+        """The batch signed by the workers; None (sign in the deciding thread) without them or when one died."""
+        if self._signers is None:
+            return None
+        try:
+            return await asyncio.wrap_future(self._signers.submit(texts))
+        except BrokenProcessPool:
+            log.error("a signing worker died; this batch is signed in the service process, new workers start")
+            await asyncio.to_thread(self._signers.stop)
+            self._signers = None
+            await self._start_signers()
+            return None
 
     @property
     def running(self) -> bool:
@@ -339,14 +368,20 @@ class DedupService(Lifecycle):
         for record in records:
             next_offsets[TopicPartition(record.topic, record.partition)] = record.offset + 1
 
+        docs = [doc for _, doc in documents]
+        signing_started = time.perf_counter()
+        signatures = await self._sign([doc.text for doc in docs])
+        signing_seconds = time.perf_counter() - signing_started
         # A worker thread keeps heartbeats, the in-flight transaction and the HTTP endpoints going meanwhile.
         verdicts = await asyncio.to_thread(
             self._dedup.decide,
-            [doc for _, doc in documents],
+            docs,
             source_offsets={(tp.topic, tp.partition): offset for tp, offset in next_offsets.items()},
+            signatures=signatures,
         )
         timings = self._dedup.last_timings
-        self.metrics.observe(Stage.FINGERPRINT, timings.fingerprint)
+        # Fingerprinting is the wait for the signing workers, or the signing in the thread without them.
+        self.metrics.observe(Stage.FINGERPRINT, signing_seconds + timings.fingerprint)
         # The index stage covers the lookup and the batch's LMDB write transaction.
         self.metrics.observe(Stage.INDEX_LOOKUP, timings.lookup + timings.store)
         outgoing, dropped, dead = self._outgoing(records, decoded, documents, verdicts)
@@ -377,7 +412,11 @@ class DedupService(Lifecycle):
     ) -> tuple[list[OutgoingRecord], list[tuple[Document, Verdict]], list[DeadLetter]]:
         """Records to publish in input order: novel -> output, duplicate -> duplicates topic, bad -> DLQ."""
         kafka = self.settings.kafka
-        verdict_of = {id(record): (doc, verdict) for (record, doc), verdict in zip(documents, verdicts)}
+        hexes = fingerprint_hex(np.stack([verdict.fingerprint for verdict in verdicts])) if verdicts else []
+        verdict_of = {
+            id(record): (doc, verdict, hex_value)
+            for (record, doc), verdict, hex_value in zip(documents, verdicts, hexes, strict=True)
+        }
         outgoing: list[OutgoingRecord] = []
         dropped: list[tuple[Document, Verdict]] = []
         dead: list[DeadLetter] = []
@@ -386,9 +425,9 @@ class DedupService(Lifecycle):
                 dead.append(item)
                 outgoing.append(dead_letter(record, kafka.dead_letter_topic, item))
                 continue
-            doc, verdict = verdict_of[id(record)]
+            doc, verdict, hex_value = verdict_of[id(record)]
             if verdict.novel:
-                outgoing.append(novel(record, kafka.output_topic, verdict.fingerprint))
+                outgoing.append(novel(record, kafka.output_topic, hex_value))
                 continue
             dropped.append((doc, verdict))
             if kafka.duplicates_topic is not None:
@@ -396,7 +435,7 @@ class DedupService(Lifecycle):
                     duplicate(
                         record,
                         kafka.duplicates_topic,
-                        verdict.fingerprint,
+                        hex_value,
                         verdict.reason,
                         verdict.match_id or "",
                         verdict.distance if verdict.distance is not None else -1,

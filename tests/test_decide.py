@@ -51,7 +51,7 @@ def test_duplicates_are_not_indexed_and_match_the_kept_original(settings: Settin
     assert [v.novel for v in first] == [True, False]
     with open_index(settings, tmp_path / "idx") as index:
         assert len(index) == 1
-        assert index.query(Deduplicator(settings, index).fingerprinter.fingerprint([BASE]))[0][0][0] == "d0"
+        assert index.query(Deduplicator(settings, index).signer.fingerprinter.fingerprint([BASE]))[0][0][0] == "d0"
 
 
 def test_verdicts_do_not_depend_on_batch_boundaries(settings: Settings, tmp_path: Path) -> None:

@@ -61,3 +61,19 @@ def test_config_may_follow_the_command(tmp_path: Path, capsys) -> None:
     assert "decision on b:     kept (novel)" in capsys.readouterr().out
     assert main(["--config", str(CONFIG), "explain", BASE, text_b]) == 0
     assert "dropped (near duplicate of a)" in capsys.readouterr().out
+
+
+def test_signing_workers_change_nothing_but_speed(tmp_path: Path) -> None:
+    from streamdedup.quality.corpus import load_stream
+
+    records = [json.dumps({"id": d.id, "text": d.text}, ensure_ascii=False) for d in load_stream(split="holdout")[:5000]]
+    source = write_lines(tmp_path / "in.jsonl", records)
+    settings = load_settings(CONFIG)
+    outputs = []
+    for workers in (0, 1):
+        configured = settings.model_copy(update={"dedup": settings.dedup.model_copy(update={"workers": workers, "batch_size": 700})})
+        out = tmp_path / f"out-{workers}.jsonl"
+        summary = dedup_file(source, out, configured, work_dir=tmp_path / f"idx-{workers}")
+        outputs.append((out.read_text(encoding="utf-8"), summary.as_dict()))
+    assert outputs[0] == outputs[1]
+    assert 1000 < outputs[0][1]["kept"] < 5000

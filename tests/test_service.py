@@ -25,7 +25,7 @@ from streamdedup.decide import Deduplicator
 from streamdedup.document import Document, DocumentDecoder
 from streamdedup.kafka.admin import ensure_topics
 from streamdedup.kafka.broker import LocalBroker
-from streamdedup.kafka.records import fingerprint_hex
+from streamdedup.fingerprint import fingerprint_hex
 from streamdedup.names import (
     HEADER_DEAD_LETTER_DETAIL,
     HEADER_DEAD_LETTER_REASON,
@@ -144,7 +144,7 @@ def offline_novel(settings: Settings, index_path: Path, stream: Sequence[OutReco
                 if isinstance(item, Document):
                     docs.append((record, Document(item.id, item.text, item.time, (topic, 0, offset))))
             verdicts = dedup.decide([doc for _, doc in docs])
-            kept += [(r.value, fingerprint_hex(v.fingerprint)) for (r, _), v in zip(docs, verdicts) if v.novel]
+            kept += [(r.value, fingerprint_hex(v.fingerprint)[0]) for (r, _), v in zip(docs, verdicts) if v.novel]
     return kept
 
 

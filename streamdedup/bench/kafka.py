@@ -26,6 +26,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from ..kafka.admin import ensure_topics
 from ..kafka.broker import LocalBroker
 from ..kafka.consumer import committed_reader
+from ..metrics import Stage
+from ..names import METRIC_PREFIX
 from ..service import DedupService
 from ..settings import Settings
 
@@ -63,7 +65,7 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
     await _produce(bootstrap, input_topic, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
 
     passthrough = await _passthrough_throughput(settings, bootstrap, input_topic, pass_out, args.messages)
-    service = await _service_throughput(settings, bootstrap, input_topic, svc_out, args.messages, work / "index-1")
+    service, stages = await _service_throughput(settings, bootstrap, input_topic, svc_out, args.messages, work / "index-1")
 
     latency_in, lat_pass_out, latency_in2, lat_svc_out = await _topics(
         bootstrap, "latency-pass-in", "latency-pass-out", "latency-svc-in", "latency-svc-out"
@@ -85,6 +87,8 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
         print(f"{name:28}{a:14.1f}{b:14.1f}{b / a:9.2f}")
     print(f"latency phase: {args.rate} msg/s for {args.latency_seconds:.0f} s; "
           f"{len(pass_lat)} / {len(svc_lat)} messages measured (the service publishes only novel ones)")
+    print("service, mean ms per batch in the throughput phase: "
+          + ", ".join(f"{stage} {1000 * seconds:.1f}" for stage, seconds in stages.items()))
     return 0
 
 
@@ -105,7 +109,10 @@ async def _passthrough_throughput(settings: Settings, bootstrap: str, source: st
     return progress.rate()
 
 
-async def _service_throughput(settings: Settings, bootstrap: str, source: str, sink: str, n: int, index: Path) -> float:
+async def _service_throughput(
+    settings: Settings, bootstrap: str, source: str, sink: str, n: int, index: Path
+) -> tuple[float, dict[str, float]]:
+    """Messages/s, and the mean seconds per batch of each stage the service times (from its own metrics)."""
     service = DedupService(_service_settings(settings, bootstrap, source, sink, index))
     progress = _Progress()
     async with service:
@@ -114,7 +121,13 @@ async def _service_throughput(settings: Settings, bootstrap: str, source: str, s
                 progress.update(service.stats.consumed)
                 await asyncio.sleep(0.01)
         progress.update(service.stats.consumed)
-    return progress.rate()
+    registry = service.metrics.registry
+    stages = {}
+    for stage in Stage:
+        name = f"{METRIC_PREFIX}{stage.value}_duration_seconds"
+        count = registry.get_sample_value(f"{name}_count") or 0.0
+        stages[stage.value] = (registry.get_sample_value(f"{name}_sum") or 0.0) / count if count else 0.0
+    return progress.rate(), stages
 
 
 class _Progress:

@@ -28,7 +28,7 @@ import numpy as np
 from ..decide import Deduplicator
 from ..document import Document
 from ..normalize import Normalizer
-from ..offline import open_index
+from ..offline import decide_batches, open_index, signer_pool
 from ..quality.corpus import STREAM_FILE, BenchDoc, load_stream
 from ..quality.evaluate import QualityReport, evaluate
 from ..settings import NormalizeSettings, Settings
@@ -65,18 +65,20 @@ class PeerResult:
 
 
 def streamdedup_drops(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarray:
-    """Drop decisions of the offline decision core over a fresh index, the stream in order."""
+    """Drop decisions of the offline mode's decision pipeline (``decide_batches``, with the configured
+    signing workers) over a fresh index, the stream in order."""
     dropped = np.zeros(len(docs), dtype=bool)
     batch_size = settings.dedup.batch_size
+    batches = (
+        (
+            start,
+            [Document(doc.id, doc.text, START_TIME + start + offset) for offset, doc in enumerate(docs[start : start + batch_size])],
+        )
+        for start in range(0, len(docs), batch_size)
+    )
     with tempfile.TemporaryDirectory(prefix="streamdedup-bench-quality-") as folder:
-        with open_index(settings, Path(folder) / "index") as index:
-            deduplicator = Deduplicator(settings, index)
-            for start in range(0, len(docs), batch_size):
-                batch = [
-                    Document(doc.id, doc.text, START_TIME + start + offset)
-                    for offset, doc in enumerate(docs[start : start + batch_size])
-                ]
-                verdicts = deduplicator.decide(batch)
+        with open_index(settings, Path(folder) / "index", durable=False) as index, signer_pool(settings) as pool:
+            for start, batch, verdicts in decide_batches(Deduplicator(settings, index), batches, pool):
                 dropped[start : start + len(batch)] = [not verdict.novel for verdict in verdicts]
     return dropped
 

@@ -85,6 +85,11 @@ class IndexPlan:
         return _sampled_recall(self.bits, self.tables, distance)
 
     def describe(self) -> dict[str, Any]:
+        # A plan never changes, and its recall table costs up to a second on wide fingerprints: the service
+        # reads it with every stats refresh.
+        return dict(_description(self))
+
+    def _describe(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "bits": self.bits,
@@ -241,6 +246,11 @@ def _sampled_recall(bits: int, tables: tuple[tuple[int, ...], ...], distance: in
     free = np.array([math.comb(bits - int(s), distance) for s in range(bits + 1)], dtype=float)
     total = math.comb(bits, distance)
     return float(np.clip((signs * free[sizes]).sum() / total, 0.0, 1.0))
+
+
+@functools.cache
+def _description(plan: IndexPlan) -> dict[str, Any]:
+    return plan._describe()
 
 
 @functools.cache

@@ -180,6 +180,8 @@ class SegmentIndex:
         readonly: bool = False,
     ) -> None:
         self.path = Path(path)
+        self.sync = sync
+        self._closed = False
         self.max_age = max_age
         self.max_entries = max_entries
         self.readonly = readonly
@@ -1044,6 +1046,13 @@ class SegmentIndex:
         self._open_dbs()
 
     def close(self) -> None:
+        """Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.sync and not self.readonly:
+            # Without a sync per commit, one flush at the end leaves the file complete on disk.
+            self.env.sync(True)
         self.env.close()
 
     def __enter__(self) -> SegmentIndex:

@@ -10,7 +10,7 @@ from .broker import KAFKA_SCRIPT, BrokerError, LocalBroker
 from .clients import common_options, security_options
 from .consumer import BatchConsumer, RebalanceHandler
 from .producer import TransactionalProducer
-from .records import OutgoingRecord, dead_letter, duplicate, fingerprint_hex, novel
+from .records import OutgoingRecord, dead_letter, duplicate, novel
 
 __all__ = [
     "KAFKA_SCRIPT",
@@ -24,7 +24,6 @@ __all__ = [
     "dead_letter",
     "duplicate",
     "ensure_topics",
-    "fingerprint_hex",
     "novel",
     "partition_counts",
     "security_options",

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from aiokafka.structs import ConsumerRecord
 
 from ..document import DeadLetter
@@ -21,7 +20,7 @@ from ..names import (
     HEADER_SOURCE_TOPIC,
 )
 
-__all__ = ["OutgoingRecord", "dead_letter", "duplicate", "fingerprint_hex", "novel"]
+__all__ = ["OutgoingRecord", "dead_letter", "duplicate", "novel"]
 
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -37,23 +36,18 @@ class OutgoingRecord:
     headers: Headers
 
 
-def fingerprint_hex(fingerprint: np.ndarray) -> str:
-    """Each uint64 word as 16 hex digits, in order: the bits read left to right (contracts.md)."""
-    return "".join(f"{int(word):016x}" for word in fingerprint)
-
-
-def novel(record: ConsumerRecord, topic: str, fingerprint: np.ndarray) -> OutgoingRecord:
-    """The original key, value and headers, plus the fingerprint."""
+def novel(record: ConsumerRecord, topic: str, fingerprint: str) -> OutgoingRecord:
+    """The original key, value and headers, plus the fingerprint (as ``fingerprint_hex`` writes it)."""
     return OutgoingRecord(
         topic,
         record.value,
         record.key,
-        (*_headers(record), (HEADER_FINGERPRINT, fingerprint_hex(fingerprint).encode())),
+        (*_headers(record), (HEADER_FINGERPRINT, fingerprint.encode())),
     )
 
 
 def duplicate(
-    record: ConsumerRecord, topic: str, fingerprint: np.ndarray, reason: str, match_id: str, distance: int
+    record: ConsumerRecord, topic: str, fingerprint: str, reason: str, match_id: str, distance: int
 ) -> OutgoingRecord:
     """The original record plus what it duplicates (match id, Hamming distance, exact/near) and where it was."""
     return OutgoingRecord(
@@ -62,7 +56,7 @@ def duplicate(
         record.key,
         (
             *_headers(record),
-            (HEADER_FINGERPRINT, fingerprint_hex(fingerprint).encode()),
+            (HEADER_FINGERPRINT, fingerprint.encode()),
             (HEADER_MATCH_ID, match_id.encode()),
             (HEADER_MATCH_DISTANCE, str(distance).encode()),
             (HEADER_MATCH_REASON, reason.encode()),

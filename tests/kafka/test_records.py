@@ -4,7 +4,8 @@ import numpy as np
 from aiokafka.structs import ConsumerRecord
 
 from streamdedup.document import DeadLetter
-from streamdedup.kafka.records import OutgoingRecord, dead_letter, duplicate, fingerprint_hex, novel
+from streamdedup.fingerprint import fingerprint_hex
+from streamdedup.kafka.records import OutgoingRecord, dead_letter, duplicate, novel
 
 
 def record(value: bytes | None, headers: list[tuple[str, bytes]]) -> ConsumerRecord:
@@ -15,17 +16,17 @@ def record(value: bytes | None, headers: list[tuple[str, bytes]]) -> ConsumerRec
 
 
 def test_fingerprint_hex_reads_the_bits_left_to_right_word_by_word() -> None:
-    words = np.array([1 << 63, 0xABCDEF], dtype=np.uint64)
-    assert fingerprint_hex(words) == "8000000000000000" + "0000000000abcdef"
+    words = np.array([[1 << 63, 0xABCDEF], [0, 1]], dtype=np.uint64)
+    assert fingerprint_hex(words) == ["8000000000000000" + "0000000000abcdef", "0" * 31 + "1"]
 
 
 def test_novel_keeps_key_value_and_headers_and_adds_the_fingerprint() -> None:
-    out = novel(record(b"v", [("a", b"1")]), "out", np.array([255], dtype=np.uint64))
+    out = novel(record(b"v", [("a", b"1")]), "out", "00000000000000ff")
     assert out == OutgoingRecord("out", b"v", b"k", (("a", b"1"), ("streamdedup-fingerprint", b"00000000000000ff")))
 
 
 def test_duplicate_names_match_distance_reason_and_source() -> None:
-    out = duplicate(record(b"v", []), "dups", np.array([0], dtype=np.uint64), "near", "news-3-7", 2)
+    out = duplicate(record(b"v", []), "dups", "0000000000000000", "near", "news-3-7", 2)
     assert out.headers == (
         ("streamdedup-fingerprint", b"0000000000000000"),
         ("streamdedup-match-id", b"news-3-7"),

@@ -1,0 +1,77 @@
+"""Signing: the same fingerprints and sketches in the deciding process and in the worker processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamdedup.decide import Deduplicator
+from streamdedup.document import Document
+from streamdedup.fingerprint import Fingerprinter
+from streamdedup.minhash import BottomK
+from streamdedup.offline import open_index
+from streamdedup.quality.corpus import load_stream
+from streamdedup.settings import Settings, load_settings
+from streamdedup.signature import Signer, SignerPool
+
+TEXTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "RT @x: The quick brown fox jumps over the lazy dog http://t.co/1",
+    "",
+    "   ",
+    "日本語のテキストも同じように扱われる",
+]
+
+
+@pytest.fixture(scope="module")
+def settings() -> Settings:
+    return load_settings(Path(__file__).parents[1] / "config.yaml")
+
+
+def test_signatures_are_the_fingerprints_and_the_bottom_k_sketches(settings: Settings) -> None:
+    signatures = Signer(settings.fingerprint, settings.dedup).sign(TEXTS + [b"\xff not utf-8"])  # type: ignore[list-item]
+    batch = Fingerprinter.from_settings(settings.fingerprint).fingerprint_batch(TEXTS)
+    assert signatures.fingerprints[: len(TEXTS)].tolist() == batch.fingerprints.tolist()
+    expected = BottomK(settings.dedup.sketch_size).sketch(batch.features)
+    assert signatures.sketches[: len(TEXTS)].tolist() == expected.tolist()
+    assert signatures.sketches.shape == (len(TEXTS) + 1, settings.dedup.sketch_size)
+    assert signatures.indexable.tolist() == [True, True, False, False, True, False]
+    assert signatures.errors[-1] is not None and "UTF-8" in signatures.errors[-1]
+
+
+def test_the_pool_signs_exactly_as_the_process_itself(settings: Settings) -> None:
+    texts = [doc.text for doc in load_stream(split="holdout")[:3000]]
+    local = Signer(settings.fingerprint, settings.dedup).sign(texts)
+    pool = SignerPool(settings.fingerprint, settings.dedup, workers=2)
+    with pool:
+        futures = [pool.submit(texts[start : start + 1000]) for start in range(0, len(texts), 1000)]
+        remote = [future.result(timeout=120) for future in futures]
+    assert np.concatenate([part.fingerprints for part in remote]).tolist() == local.fingerprints.tolist()
+    assert np.concatenate([part.sketches for part in remote]).tolist() == local.sketches.tolist()
+    assert sum((part.errors for part in remote), ()) == local.errors
+    pool.stop()  # idempotent
+    with pytest.raises(RuntimeError, match="stopped"):
+        pool.submit(["x"])
+    with pytest.raises(ValueError, match="at least 1"):
+        SignerPool(settings.fingerprint, settings.dedup, workers=0)
+
+
+def test_decide_with_given_signatures_gives_the_same_verdicts(settings: Settings, tmp_path: Path) -> None:
+    stream = load_stream(split="tune")[:4000]
+    batches = [[Document(d.id, d.text, 0.0) for d in stream[start : start + 1000]] for start in range(0, 4000, 1000)]
+    signer = Signer(settings.fingerprint, settings.dedup)
+    results = []
+    for name, presigned in (("inline", False), ("presigned", True)):
+        with open_index(settings, tmp_path / name) as index:
+            dedup = Deduplicator(settings, index)
+            results.append([
+                (v.novel, v.reason, v.match_id)
+                for batch in batches
+                for v in dedup.decide(batch, signatures=signer.sign([d.text for d in batch]) if presigned else None)
+            ])
+    assert results[0] == results[1]
+    assert sum(not novel for novel, _, _ in results[0]) > 1000
+    with open_index(settings, tmp_path / "bad") as index, pytest.raises(ValueError, match="signatures for"):
+        Deduplicator(settings, index).decide(batches[0], signatures=signer.sign(["one text"]))
