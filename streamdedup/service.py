@@ -1,10 +1,12 @@
 """The Kafka service: asyncio lifecycle around the decision core, exactly-once from input to output.
 
-One batch: ``getmany`` -> decode -> ``Deduplicator.decide`` (one LMDB transaction: the kept fingerprints and
-the input offsets after the batch) -> one Kafka transaction (novel records, duplicates, dead letters and the
-input offsets) -> commit. LMDB commits first, so the index is never behind Kafka; when Kafka did not commit
+One batch: ``getmany`` -> decode -> sign (fingerprint and sketch, in the ``SignerPool`` worker processes) ->
+``Deduplicator.decide`` in the ``DecisionProcess`` (one LMDB transaction: the kept fingerprints and the input
+offsets after the batch) -> one Kafka transaction (novel records, duplicates, dead letters and the input
+offsets) -> commit. This process keeps only the Kafka side, so aiokafka and the decision core each have a core. LMDB commits first, so the index is never behind Kafka; when Kafka did not commit
 (crash, outage), start-up and every new assignment roll the index back to the Kafka-committed offsets and the
-batch is replayed with the same verdicts. Batch N+1 is decided while batch N's transaction commits.
+batch is replayed with the same verdicts. Batch N+1 is decided while batch N's transaction commits and the
+workers sign batch N+2 when it is already fetched: the three stages use both cores.
 
 One instance must own every input partition (the index is local to it). A partial assignment means another
 instance joined the group: the service says so loudly and processes nothing until it owns everything again.
@@ -19,6 +21,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
@@ -28,11 +31,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from .decide import Deduplicator, Verdict
+from .decide import Verdict
+from .decision_process import DecisionProcess, DecisionProcessDied
 from .fingerprint import fingerprint_hex
 from .document import DeadLetter, Document, DocumentDecoder
 from .health import HealthServer
-from .index import SegmentIndex
 from .kafka.admin import ensure_topics
 from .kafka.clients import common_options
 from .kafka.consumer import BatchConsumer
@@ -41,7 +44,6 @@ from .kafka.records import OutgoingRecord, dead_letter, duplicate, novel
 from .lifecycle import Lifecycle
 from .metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from .names import DEAD_LETTER_REASONS
-from .offline import open_index
 from .settings import Settings
 from .signature import Signatures, SignerPool
 
@@ -51,6 +53,19 @@ log = logging.getLogger(__name__)
 
 # Index size gauges read LMDB statistics; refreshing them every batch would cost more than it tells.
 _INDEX_STATS_INTERVAL_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A fetched batch, decoded, its texts handed to the ``signers`` (``signing`` None: sign in-thread)."""
+
+    records: Sequence[ConsumerRecord]
+    decoded: list[Document | DeadLetter]
+    documents: list[tuple[ConsumerRecord, Document]]
+    next_offsets: dict[TopicPartition, int]
+    signers: SignerPool | None
+    signing: Future[Signatures] | None
+    started: float
 
 
 @dataclass(frozen=True)
@@ -99,8 +114,7 @@ class DedupService(Lifecycle):
         self.stats = ServiceStats()
         self._max_examples = max_examples
         self._decoder = DocumentDecoder(settings.input)
-        self._index: SegmentIndex | None = None
-        self._dedup: Deduplicator | None = None
+        self._decisions = DecisionProcess(settings)
         self._signers: SignerPool | None = None
         self._health: HealthServer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -120,8 +134,7 @@ class DedupService(Lifecycle):
     async def start(self) -> None:
         if self._task is not None:
             return
-        self._index = open_index(self.settings, self.settings.index.path)
-        self._dedup = Deduplicator(self.settings, self._index)
+        await self._decisions.start()
         await self._start_signers()
         if self.settings.metrics.enabled:
             self._health = HealthServer(
@@ -157,10 +170,7 @@ class DedupService(Lifecycle):
             signers, self._signers = self._signers, None
             if signers is not None:
                 await asyncio.to_thread(signers.stop)
-            if self._index is not None:
-                self._index.close()
-                self._index = None
-                self._dedup = None
+            await self._decisions.stop()
 
     async def _start_signers(self) -> None:
         """Spawn the signing workers and wait until they can sign (a first batch would wait for that)."""
@@ -169,17 +179,19 @@ class DedupService(Lifecycle):
             self._signers = SignerPool(self.settings.fingerprint, self.settings.dedup, workers)
             await asyncio.wrap_future(self._signers.submit([]))
 
-    async def _sign(self, texts: list[str]) -> Signatures | None:
-        """The batch signed by the workers; None (sign in the deciding thread) without them or when one died."""
-        if self._signers is None:
+    async def _signatures(self, prepared: _Prepared) -> Signatures | None:
+        """The workers' signatures of a batch; None (sign in the deciding thread) without workers or when one
+        died (new workers then start for the next batches, once per broken pool)."""
+        if prepared.signing is None:
             return None
         try:
-            return await asyncio.wrap_future(self._signers.submit(texts))
+            return await asyncio.wrap_future(prepared.signing)
         except BrokenProcessPool:
-            log.error("a signing worker died; this batch is signed in the service process, new workers start")
-            await asyncio.to_thread(self._signers.stop)
-            self._signers = None
-            await self._start_signers()
+            if prepared.signers is self._signers:
+                log.error("a signing worker died; this batch is signed in the service process, new workers start")
+                await asyncio.to_thread(prepared.signers.stop)
+                self._signers = None
+                await self._start_signers()
             return None
 
     @property
@@ -194,7 +206,7 @@ class DedupService(Lifecycle):
     def _readiness(self) -> Mapping[str, bool]:
         return {
             "partitions_assigned": bool(self._assigned) and not self._split,
-            "index_open": self._index is not None,
+            "index_open": self._decisions.open,
             "producer_ready": self._producer_ready,
         }
 
@@ -216,6 +228,11 @@ class DedupService(Lifecycle):
                 log.warning("Kafka error (%r); recreating the clients in %.1f s", exc, backoff)
                 await self._sleep_unless_stopping(backoff)
                 backoff = min(backoff * 2, kafka.retry_backoff_max_seconds)
+            except DecisionProcessDied as exc:
+                # LMDB kept every batch the worker committed; the new session reconciles them with Kafka.
+                log.error("%s; starting a new one", exc)
+                await self._decisions.stop()
+                await self._decisions.start()
         log.info("stopped", extra={"consumed": self.stats.consumed, "published": self.stats.published})
 
     async def _session(self) -> None:
@@ -245,26 +262,37 @@ class DedupService(Lifecycle):
 
     async def _consume(self, consumer: BatchConsumer, producer: TransactionalProducer) -> None:
         """Batch N+1 is decided (LMDB) while batch N's transaction commits; transactions stay one at a time.
+        When batch N+2 is already fetched, the workers sign it meanwhile.
 
         The index may then run up to two batches ahead of Kafka, which reconciliation undoes like one.
+        A batch fetched ahead is only signed, never decided, before a rebalance check: after a rebalance it
+        is dropped and fetched again from the committed offsets.
         """
+        ahead: _Prepared | None = None
         try:
             while not self._stopping.is_set():
-                records = await consumer.batch()
-                # aiokafka may hand out records of a new assignment before the rebalance listener ran:
-                # nothing is processed until the index is reconciled with exactly the current assignment.
-                # Records fetched before that are dropped here and fetched again from the committed offsets.
-                if self._needs_reconcile or consumer.assignment() != self._reconciled:
-                    await self._settle()
-                    await self._reconcile(consumer)
-                    continue
-                if self._split or not records:
-                    await self._settle()  # nothing else to do: finish the open transaction now
-                    continue
+                prepared, ahead = ahead, None
+                if prepared is None:
+                    records = await consumer.batch()
+                    # aiokafka may hand out records of a new assignment before the rebalance listener ran:
+                    # nothing is processed until the index is reconciled with exactly the current assignment.
+                    # Records fetched before that are dropped here and fetched again from the committed offsets.
+                    if self._needs_reconcile or consumer.assignment() != self._reconciled:
+                        await self._settle()
+                        await self._reconcile(consumer)
+                        continue
+                    if self._split or not records:
+                        await self._settle()  # nothing else to do: finish the open transaction now
+                        continue
+                    prepared = self._prepare(records)
+                following = await consumer.batch(wait=False)
+                if following:
+                    ahead = self._prepare(following)
                 async with self._batch_lock:
                     if self._needs_reconcile or consumer.assignment() != self._reconciled:
-                        continue  # a rebalance happened while we waited for the lock
-                    decided = await self._decide(records)
+                        ahead = None  # a rebalance happened while we waited: fetch again after reconciling
+                        continue
+                    decided = await self._decide(prepared)
                     await self._settle()
                     self._in_flight = asyncio.create_task(self._publish(decided, consumer, producer))
         finally:
@@ -317,8 +345,7 @@ class DedupService(Lifecycle):
         consumer.resume(assigned)
         self._split = False
         committed = await consumer.committed(assigned)
-        assert self._index is not None
-        stored = self._index.source_offsets()
+        stored = await self._decisions.source_offsets()
         # LMDB commits before Kafka, so the index is at or ahead of Kafka; behind means it lost data.
         behind = {
             tp: stored.get((tp.topic, tp.partition), 0)
@@ -331,7 +358,7 @@ class DedupService(Lifecycle):
                 "in between are not in it, so duplicates of them may be republished",
                 ", ".join(f"{tp.topic}[{tp.partition}]: {behind[tp]} < {committed[tp]}" for tp in sorted(behind)),
             )
-        removed = self._index.rollback({(tp.topic, tp.partition): offset for tp, offset in committed.items()})
+        removed = await self._decisions.rollback({(tp.topic, tp.partition): offset for tp, offset in committed.items()})
         consumer.seek(committed)
         self._needs_reconcile = False
         self._reconciled = assigned
@@ -344,11 +371,9 @@ class DedupService(Lifecycle):
 
     # ------------------------------------------------------------------ one batch
 
-    async def _decide(self, records: Sequence[ConsumerRecord]) -> _Decided:
-        """Decode, decide (one LMDB transaction) and build what to publish; nothing goes to Kafka here."""
-        assert self._dedup is not None
+    def _prepare(self, records: Sequence[ConsumerRecord]) -> _Prepared:
+        """Decode a fetched batch and hand its texts to the signing workers; nothing is decided yet."""
         started = time.perf_counter()
-        self._maintain_index()
         decoded = [
             self._decoder.decode(
                 record.value,
@@ -362,30 +387,36 @@ class DedupService(Lifecycle):
             for record, item in zip(records, decoded)
             if isinstance(item, Document)
         ]
-        if documents:
-            self._newest_event_time = max(self._newest_event_time, max(doc.time for _, doc in documents))
         next_offsets: dict[TopicPartition, int] = {}
         for record in records:
             next_offsets[TopicPartition(record.topic, record.partition)] = record.offset + 1
+        signers = self._signers
+        signing = None if signers is None else signers.submit([doc.text for _, doc in documents])
+        return _Prepared(records, decoded, documents, next_offsets, signers, signing, started)
 
+    async def _decide(self, prepared: _Prepared) -> _Decided:
+        """Decide (one LMDB transaction) and build what to publish; nothing goes to Kafka here."""
+        await self._maintain_index()
+        records, documents, next_offsets = prepared.records, prepared.documents, prepared.next_offsets
+        if documents:
+            self._newest_event_time = max(self._newest_event_time, max(doc.time for _, doc in documents))
         docs = [doc for _, doc in documents]
         signing_started = time.perf_counter()
-        signatures = await self._sign([doc.text for doc in docs])
+        signatures = await self._signatures(prepared)
         signing_seconds = time.perf_counter() - signing_started
-        # A worker thread keeps heartbeats, the in-flight transaction and the HTTP endpoints going meanwhile.
-        verdicts = await asyncio.to_thread(
-            self._dedup.decide,
+        # The decision process (or thread) works while heartbeats, the in-flight transaction and the HTTP
+        # endpoints go on here.
+        verdicts, timings = await self._decisions.decide(
             docs,
             source_offsets={(tp.topic, tp.partition): offset for tp, offset in next_offsets.items()},
             signatures=signatures,
         )
-        timings = self._dedup.last_timings
         # Fingerprinting is the wait for the signing workers, or the signing in the thread without them.
         self.metrics.observe(Stage.FINGERPRINT, signing_seconds + timings.fingerprint)
         # The index stage covers the lookup and the batch's LMDB write transaction.
         self.metrics.observe(Stage.INDEX_LOOKUP, timings.lookup + timings.store)
-        outgoing, dropped, dead = self._outgoing(records, decoded, documents, verdicts)
-        return _Decided(records, next_offsets, verdicts, outgoing, dropped, dead, started)
+        outgoing, dropped, dead = self._outgoing(records, prepared.decoded, documents, verdicts)
+        return _Decided(records, next_offsets, verdicts, outgoing, dropped, dead, prepared.started)
 
     async def _publish(self, decided: _Decided, consumer: BatchConsumer, producer: TransactionalProducer) -> None:
         """One Kafka transaction: the batch's records and its input offsets."""
@@ -474,22 +505,22 @@ class DedupService(Lifecycle):
             lags[(topic, partition)] = PartitionLag(behind, max(0.0, now - record.timestamp / 1000) if behind else 0.0)
         self.metrics.record_lag(lags)
 
-    def _maintain_index(self) -> None:
+    async def _maintain_index(self) -> None:
         """Every few seconds: drop entries past max_age (event time) and refresh the index gauges.
 
         Expiry only reclaims space: the decision core already ignores entries older than max_age.
         """
         now = time.monotonic()
-        if self._index is None or now - self._index_stats_at < _INDEX_STATS_INTERVAL_SECONDS:
+        if now - self._index_stats_at < _INDEX_STATS_INTERVAL_SECONDS:
             return
         self._index_stats_at = now
-        expired = self._index.expire(self._newest_event_time) if self._newest_event_time > -math.inf else 0
-        stats = self._index.stats()
+        newest = self._newest_event_time if self._newest_event_time > -math.inf else None
+        expired, stats = await self._decisions.maintain(newest)
         self.metrics.record_index(
             entries=stats["entries"],
             used_bytes=stats["disk_bytes"],
             map_size_bytes=stats["map_size"],
-            capacity_bytes=index_capacity_bytes(self._index.path, stats["disk_bytes"]),
+            capacity_bytes=index_capacity_bytes(self._decisions.path, stats["disk_bytes"]),
             expired=expired,
         )
 

@@ -242,6 +242,11 @@ class Settings(BaseSettings):
     input: InputSettings = InputSettings()
     kafka: KafkaSettings = KafkaSettings()
 
+    def detached(self) -> Settings:
+        """The same values in a plain ``Settings``, which pickles (for worker processes): the class
+        ``load_settings`` makes per file does not, and nothing is read again from files or the environment."""
+        return Settings.model_construct(**{name: getattr(self, name) for name in Settings.model_fields})
+
     @classmethod
     def settings_customise_sources(
         cls,

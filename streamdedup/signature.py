@@ -7,10 +7,9 @@ previous batch. Both give the same :class:`Signatures` for the same texts and se
 
 from __future__ import annotations
 
-import multiprocessing
-import signal
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +18,7 @@ from .features import FeatureExtractor
 from .fingerprint import FingerprintBatch, Fingerprinter
 from .minhash import BottomK
 from .settings import DedupSettings, FingerprintSettings
+from .workers import worker_pool
 
 __all__ = ["Signatures", "Signer", "SignerPool"]
 
@@ -68,10 +68,6 @@ _worker_signer: Signer | None = None
 
 def _start_worker(fingerprint: FingerprintSettings, policy: DedupSettings) -> None:
     global _worker_signer
-    # Stopping is the parent's call (it finishes its batch first): a Ctrl-C or a SIGTERM sent to the whole
-    # process group must not kill the workers under it. They exit when the pool shuts down or the parent dies.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _worker_signer = Signer(fingerprint, policy)
 
 
@@ -81,27 +77,26 @@ def _sign_in_worker(texts: list[str]) -> Signatures:
 
 
 class SignerPool:
-    """Worker processes that sign batches, so signing one batch overlaps deciding the previous one.
-
-    Processes are spawned, never forked: the service has threads and an event loop a fork would copy in
-    an unusable state. ``stop`` is idempotent and waits for the workers to exit.
-    """
+    """Worker processes (:func:`~streamdedup.workers.worker_pool`) that sign batches, so signing one batch
+    overlaps deciding the previous one. ``stop`` is idempotent and waits for the workers to exit."""
 
     def __init__(self, fingerprint: FingerprintSettings, policy: DedupSettings, workers: int) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.workers = workers
-        self._executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_worker,
-            initargs=(fingerprint, policy),
-        )
+        self._executor: ProcessPoolExecutor | None = worker_pool(workers, _start_worker, (fingerprint, policy))
 
     def submit(self, texts: Sequence[str]) -> Future[Signatures]:
+        """The signatures to come; a pool broken by a dead worker fails the future (BrokenProcessPool), not
+        the call, so every caller handles it in one place."""
         if self._executor is None:
             raise RuntimeError("the signer pool is stopped")
-        return self._executor.submit(_sign_in_worker, list(texts))
+        try:
+            return self._executor.submit(_sign_in_worker, list(texts))
+        except BrokenProcessPool as exc:
+            failed: Future[Signatures] = Future()
+            failed.set_exception(exc)
+            return failed
 
     def stop(self) -> None:
         executor, self._executor = self._executor, None

