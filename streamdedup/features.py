@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from .normalize import NOSPACE, PUNCTUATION, SPACE, SYMBOL, WORD, CodePointBatch
+from .normalize import NOSPACE, PUNCTUATION, SYMBOL, WORD, CodePointBatch
 from .settings import FeatureSettings
 
 __all__ = ["IDENTITY_BITS", "MAX_DOCUMENTS", "FeatureBatch", "FeatureExtractor", "HashName", "mix64"]
@@ -247,9 +247,16 @@ class FeatureExtractor:
         """Features of each document of a :class:`CodePointBatch` (what the normaliser produces)."""
         if len(batch) > MAX_DOCUMENTS:
             raise ValueError(f"at most {MAX_DOCUMENTS} documents per extraction, got {len(batch)}")
-        text = _PolynomialText(batch.code_points)
         classes = batch.classes
         document_starts = batch.starts
+        polynomial: list[_PolynomialText] = []
+
+        def original() -> _PolynomialText:
+            """Prefix hashes of the batch's own code points, built on first use: only word features, excludes
+            and scripts without spaces read them."""
+            if not polynomial:
+                polynomial.append(_PolynomialText(batch.code_points))
+            return polynomial[0]
 
         groups: list[_Group] = []
         identities: list[np.ndarray] = []
@@ -268,17 +275,19 @@ class FeatureExtractor:
 
         # Words are the runs of WORD code points (the last code point is always NUL, which closes every run).
         token_starts, token_ends = _class_runs(classes, WORD)
-        token_hashes = text.span_hashes(token_starts, token_ends)
-        token_lengths = token_ends - token_starts
-        if len(self._excluded):
-            # An excluded token is removed before n-grams are formed, as if it were not in the text.
-            kept = ~np.isin(self._identity(token_hashes, token_lengths), self._excluded)
-            token_starts, token_ends = token_starts[kept], token_ends[kept]
-            token_hashes, token_lengths = token_hashes[kept], token_lengths[kept]
-        token_documents = document_of(token_starts)
-        tokens = _Spans(text, token_starts, token_ends)
         word_sizes = self.settings.word_ngrams
+        if word_sizes or len(self._excluded):
+            text = original()
+            token_hashes = text.span_hashes(token_starts, token_ends)
+            token_lengths = token_ends - token_starts
+            if len(self._excluded):
+                # An excluded token is removed before n-grams are formed, as if it were not in the text.
+                kept = ~np.isin(self._identity(token_hashes, token_lengths), self._excluded)
+                token_starts, token_ends = token_starts[kept], token_ends[kept]
+                token_hashes, token_lengths = token_hashes[kept], token_lengths[kept]
+        token_documents = document_of(token_starts)
         for size in word_sizes:
+            tokens = _Spans(text, token_starts, token_ends)
             if size == 1:
                 add(tokens, token_hashes, token_lengths, token_documents)
                 continue
@@ -292,18 +301,16 @@ class FeatureExtractor:
         if len(nospace_starts):
             starts, ends, _ = _windows(nospace_starts, nospace_ends, self.settings.cjk_char_ngram)
             nospace_documents = document_of(starts)
+            text = original()
             add(_Spans(text, starts, ends), text.span_hashes(starts, ends), ends - starts, nospace_documents)
 
         char_sizes = self.settings.char_ngrams
         if char_sizes:
-            # Character n-grams read the text as it reads: artefacts gone, blanks collapsed.
-            compacted = batch.compacted
-            if not self.settings.char_ngram_spaces:
-                # Grams then run across word boundaries, so merged or split words ("dall altra",
-                # "dallaltra") give the same grams.
-                solid = compacted.classes != SPACE
-                compacted = CodePointBatch.from_code_points(compacted.code_points[solid], compacted.classes[solid])
-            reading = text if compacted is batch else _PolynomialText(compacted.code_points)
+            # Character n-grams read the text as it reads: artefacts gone, blanks collapsed. Without spaces,
+            # grams run across word boundaries, so merged or split words ("dall altra", "dallaltra") give the
+            # same grams.
+            compacted = batch.compacted if self.settings.char_ngram_spaces else batch.solid
+            reading = original() if compacted is batch else _PolynomialText(compacted.code_points)
             for size in char_sizes:
                 starts, ends, owners = _windows(
                     compacted.starts,
@@ -366,10 +373,12 @@ class FeatureExtractor:
         heads = np.ones(len(keys), dtype=bool)
         heads[1:] = keys[1:] != keys[:-1]
         heads = np.flatnonzero(heads)
-        counts = np.diff(np.append(heads, len(keys)))
+        settings = self.settings
+        # Occurrence counts only matter for frequency bounds and tf weighting.
+        counted = settings.frequency_floor > 1 or settings.frequency_ceiling is not None or settings.weighting == "tf"
+        counts = np.diff(np.append(heads, len(keys))) if counted else np.ones(len(heads), dtype=np.int64)
         keys = keys[heads]
 
-        settings = self.settings
         identity = keys & _IDENTITY_MASK
         kept = np.ones(len(keys), dtype=bool)
         if settings.frequency_floor > 1:

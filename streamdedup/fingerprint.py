@@ -249,30 +249,39 @@ def _leading_bits(hashes: np.ndarray, bits: int) -> np.ndarray:
 def _majority32(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Per group of consecutive uint32 values: the bits set in more than half of its members.
 
-    Bit-sliced: the members are laid out by rank in a (groups, depth) array and added into vertical
-    counters, one uint32 word of 32 lanes per group, so each step is one vectorised operation over every
-    group and bit at once. Segment groups are small (a handful of features), where this beats a reduction.
+    Bit-sliced: the members are laid out by rank in a (depth, groups) array and added into vertical
+    counters, 32 lanes per group, so each step is one vectorised operation over every group and bit at
+    once; two groups share each uint64 word, halving the steps. Segment groups are small (a handful of
+    features), where this beats a reduction.
     """
+    groups = len(starts)
+    width = groups + groups % 2  # an even count, so that rows view as uint64 pairs of groups
     depth = int(sizes.max())
     rank = np.arange(len(values)) - np.repeat(starts, sizes)
-    lanes = np.zeros((len(starts), depth), dtype=np.uint32)
-    lanes[np.repeat(np.arange(len(starts)), sizes), rank] = values
+    lanes = np.zeros((depth, width), dtype=np.uint32)
+    lanes[rank, np.repeat(np.arange(groups), sizes)] = values
+    paired = lanes.view(np.uint64)
     levels = max(1, depth.bit_length())
-    counters = [np.zeros(len(starts), dtype=np.uint32) for _ in range(levels)]
-    for column in lanes.T:
-        carry = column
+    counters = [np.zeros(width // 2, dtype=np.uint64) for _ in range(levels)]
+    carry = np.empty(width // 2, dtype=np.uint64)
+    overflow = np.empty(width // 2, dtype=np.uint64)
+    for row in paired:
+        carry[:] = row
         for level in counters:
+            # A ripple-carry add of one bit per lane: the carry out is carry AND the old counter bit.
+            np.bitwise_and(carry, level, out=overflow)
             level ^= carry
-            carry = carry & ~level
+            carry, overflow = overflow, carry
     # Lanes whose count exceeds half the group size: compare the counters with floor(size / 2), top bit first.
-    half = sizes // 2
-    greater = np.zeros(len(starts), dtype=np.uint32)
-    equal = np.full(len(starts), 0xFFFFFFFF, dtype=np.uint32)
+    half = np.zeros(width, dtype=np.int64)
+    half[:groups] = sizes // 2
+    greater = np.zeros(width // 2, dtype=np.uint64)
+    equal = np.full(width // 2, 2**64 - 1, dtype=np.uint64)
     for bit in range(levels - 1, -1, -1):
-        threshold = np.where((half >> bit) & 1, np.uint32(0xFFFFFFFF), np.uint32(0))
+        threshold = np.where((half >> bit) & 1, np.uint32(0xFFFFFFFF), np.uint32(0)).view(np.uint64)
         greater |= equal & counters[bit] & ~threshold
         equal &= ~(counters[bit] ^ threshold)
-    return greater.astype(np.uint64)
+    return greater.view(np.uint32)[:groups].astype(np.uint64)
 
 
 @dataclass(frozen=True)

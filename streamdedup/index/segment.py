@@ -409,9 +409,16 @@ class SegmentIndex:
 
     def _table_keys(self, fps: np.ndarray) -> _TableKeys:
         key_matrix, values, folds = self._table_rows(fps)
-        # One call sorts every table's keys (a row-wise sort), whatever the key width.
-        order = np.argsort(key_matrix, axis=1)
-        sorted_keys = np.take_along_axis(key_matrix, order, axis=1)
+        row_bits = max(1, (len(fps) - 1).bit_length())
+        if max(self.plan.key_bits) + row_bits <= 64:
+            # (key, row) packed in one word: a row-wise plain sort (vectorised in numpy, several times faster
+            # than an argsort) orders every table by key and carries the rows along.
+            packed = np.sort((key_matrix << np.uint64(row_bits)) | np.arange(len(fps), dtype=np.uint64), axis=1)
+            order = (packed & np.uint64((1 << row_bits) - 1)).astype(np.intp)
+            sorted_keys = packed >> np.uint64(row_bits)
+        else:
+            order = np.argsort(key_matrix, axis=1)
+            sorted_keys = np.take_along_axis(key_matrix, order, axis=1)
         runs = np.ones(sorted_keys.shape, dtype=bool)
         runs[:, 1:] = sorted_keys[:, 1:] != sorted_keys[:, :-1]
         sorted_values = folds[order] if self.words > 1 else np.take_along_axis(np.stack(values), order, axis=1)

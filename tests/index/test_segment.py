@@ -377,17 +377,18 @@ def _segments(fps: np.ndarray, size: int) -> np.ndarray:
     return ((fps[:, :, None] >> shifts) & mask).reshape(len(fps), -1)
 
 
-def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(tmp_path: Path) -> None:
+# 16-bit keys sort packed with their row numbers; 64-bit keys leave no room and take the argsort.
+@pytest.mark.parametrize(("bits", "segments"), [(256, 16), (512, 8)])
+def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(tmp_path: Path, bits: int, segments: int) -> None:
     from streamdedup.index.plan import make_segment_plan
 
     rng = np.random.default_rng(5)
-    bits, segments = 256, 16
     size = bits // segments
     centres = rng.integers(0, 2**64 - 1, size=(20, bits // 64), dtype=np.uint64, endpoint=True)
     stored = centres[rng.integers(0, 20, 400)].copy()
     # Each copy keeps a random subset of its centre's segments and replaces the rest; some are zeroed (unkeyed).
     seg = _segments(stored, size)
-    noise = rng.integers(0, 1 << size, size=seg.shape, dtype=np.uint64)
+    noise = rng.integers(0, (1 << size) - 1, size=seg.shape, dtype=np.uint64, endpoint=True)
     replace = rng.random(seg.shape) < 0.7
     seg = np.where(replace, noise, seg)
     seg[rng.random(seg.shape) < 0.2] = 0
