@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ from .document import Document
 from .offline import open_index
 from .settings import Settings
 from .signature import Signatures
-from .workers import worker_pool
+from .workers import WorkerDied, WorkerProcess
 
 __all__ = ["DecisionProcess", "DecisionProcessDied"]
 
@@ -81,23 +79,8 @@ def _unpack(packed: _PackedVerdicts) -> list[Verdict]:
     ]
 
 
-_worker_core: _DecisionCore | None = None
-
-
-def _no_setup() -> None:
-    """The index opens in the first call, so that its errors (an incompatible plan, ...) reach the caller."""
-
-
-def _in_worker(method: str, *args: Any) -> Any:
-    global _worker_core
-    if method == "open":
-        _worker_core = _DecisionCore(*args)
-        return None
-    assert _worker_core is not None
-    result = getattr(_worker_core, method)(*args)
-    if method == "close":
-        _worker_core = None
-    return result
+def _method(core: _DecisionCore, name: str, *args: Any) -> Any:
+    return getattr(core, name)(*args)
 
 
 class DecisionProcess:
@@ -106,12 +89,12 @@ class DecisionProcess:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.path = Path(settings.index.path)
-        self._executor: ProcessPoolExecutor | None = None
+        self._worker: WorkerProcess | None = None
         self._core: _DecisionCore | None = None
 
     @property
     def open(self) -> bool:
-        return self._executor is not None or self._core is not None
+        return self._worker is not None or self._core is not None
 
     async def start(self) -> None:
         if self.open:
@@ -119,26 +102,27 @@ class DecisionProcess:
         if self.settings.dedup.workers == 0:
             self._core = await asyncio.to_thread(_DecisionCore, self.settings)
             return
-        # The first submit spawns the worker: from the event loop's thread, which lives as long as the process.
-        self._executor = worker_pool(1, _no_setup, ())
+        # Spawned from the event loop's thread, which lives as long as the process (the death signal).
+        self._worker = WorkerProcess(_DecisionCore, (self.settings.detached(),), name="streamdedup-decisions")
         try:
-            await self._call("open", self.settings.detached())
+            # The index opens in the worker; the first call returns its errors (incompatible plan, ...).
+            await self._call("source_offsets")
         except BaseException:
-            await asyncio.to_thread(self._executor.shutdown, wait=True)
-            self._executor = None
+            await asyncio.to_thread(self._worker.stop)
+            self._worker = None
             raise
 
     async def stop(self) -> None:
-        executor, core, self._executor, self._core = self._executor, self._core, None, None
+        worker, core, self._worker, self._core = self._worker, self._core, None, None
         if core is not None:
             await asyncio.to_thread(core.close)
-        if executor is not None:
+        if worker is not None:
             try:
-                await asyncio.wrap_future(executor.submit(_in_worker, "close"))
-            except BrokenProcessPool:
-                pass  # the worker is gone: LMDB keeps every committed batch, there is nothing to close
+                await asyncio.to_thread(worker.call, _method, "close")
+            except WorkerDied:
+                pass  # LMDB keeps every committed batch: there is nothing to close
             finally:
-                await asyncio.to_thread(executor.shutdown, wait=True)
+                await asyncio.to_thread(worker.stop)
 
     async def decide(
         self,
@@ -169,9 +153,9 @@ class DecisionProcess:
     async def _call(self, method: str, *args: Any) -> Any:
         if self._core is not None:
             return await asyncio.to_thread(getattr(self._core, method), *args)
-        if self._executor is None:
+        if self._worker is None:
             raise RuntimeError("the decision process is not started")
         try:
-            return await asyncio.wrap_future(self._executor.submit(_in_worker, method, *args))
-        except BrokenProcessPool as exc:
+            return await asyncio.to_thread(self._worker.call, _method, method, *args)
+        except WorkerDied as exc:
             raise DecisionProcessDied(f"the decision process died during {method}") from exc

@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +45,7 @@ from .metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from .names import DEAD_LETTER_REASONS
 from .settings import Settings
 from .signature import Signatures, SignerPool
+from .workers import WorkerDied
 
 __all__ = ["DedupService", "ServiceStats", "run_service"]
 
@@ -186,7 +186,7 @@ class DedupService(Lifecycle):
             return None
         try:
             return await asyncio.wrap_future(prepared.signing)
-        except BrokenProcessPool:
+        except WorkerDied:
             if prepared.signers is self._signers:
                 log.error("a signing worker died; this batch is signed in the service process, new workers start")
                 await asyncio.to_thread(prepared.signers.stop)

@@ -8,8 +8,7 @@ previous batch. Both give the same :class:`Signatures` for the same texts and se
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +17,7 @@ from .features import FeatureExtractor
 from .fingerprint import FingerprintBatch, Fingerprinter
 from .minhash import BottomK
 from .settings import DedupSettings, FingerprintSettings
-from .workers import worker_pool
+from .workers import WorkerProcess
 
 __all__ = ["Signatures", "Signer", "SignerPool"]
 
@@ -63,45 +62,44 @@ class Signer:
         return Signatures(batch.fingerprints, self.sketcher.sketch(features), batch.errors, batch.empty)
 
 
-_worker_signer: Signer | None = None
-
-
-def _start_worker(fingerprint: FingerprintSettings, policy: DedupSettings) -> None:
-    global _worker_signer
-    _worker_signer = Signer(fingerprint, policy)
-
-
-def _sign_in_worker(texts: list[str]) -> Signatures:
-    assert _worker_signer is not None
-    return _worker_signer.sign(texts)
+def _sign(signer: Signer, texts: list[str]) -> Signatures:
+    return signer.sign(texts)
 
 
 class SignerPool:
-    """Worker processes (:func:`~streamdedup.workers.worker_pool`) that sign batches, so signing one batch
-    overlaps deciding the previous one. ``stop`` is idempotent and waits for the workers to exit."""
+    """Worker processes (:class:`~streamdedup.workers.WorkerProcess`) that sign batches, so signing one batch
+    overlaps deciding the previous one. Batches go to the workers in turn; each worker's are signed in order.
+    A dead worker fails the futures of its batches with :class:`~streamdedup.workers.WorkerDied`.
+    ``stop`` is idempotent and waits for the workers to exit."""
 
     def __init__(self, fingerprint: FingerprintSettings, policy: DedupSettings, workers: int) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.workers = workers
-        self._executor: ProcessPoolExecutor | None = worker_pool(workers, _start_worker, (fingerprint, policy))
+        self._processes = [
+            WorkerProcess(Signer, (fingerprint, policy), name=f"streamdedup-signer-{n}") for n in range(workers)
+        ]
+        # One thread per worker waits for its replies, so a worker's batches stay in submission order.
+        self._waiters = [ThreadPoolExecutor(1, thread_name_prefix=f"streamdedup-signer-{n}") for n in range(workers)]
+        self._turn = 0
+        self._stopped = False
 
     def submit(self, texts: Sequence[str]) -> Future[Signatures]:
-        """The signatures to come; a pool broken by a dead worker fails the future (BrokenProcessPool), not
-        the call, so every caller handles it in one place."""
-        if self._executor is None:
+        if self._stopped:
             raise RuntimeError("the signer pool is stopped")
-        try:
-            return self._executor.submit(_sign_in_worker, list(texts))
-        except BrokenProcessPool as exc:
-            failed: Future[Signatures] = Future()
-            failed.set_exception(exc)
-            return failed
+        turn, self._turn = self._turn, (self._turn + 1) % self.workers
+        return self._waiters[turn].submit(self._processes[turn].call, _sign, list(texts))
 
     def stop(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+        if self._stopped:
+            return
+        self._stopped = True
+        for waiter in self._waiters:
+            waiter.shutdown(wait=False, cancel_futures=True)
+        for process in self._processes:
+            process.stop()
+        for waiter in self._waiters:
+            waiter.shutdown(wait=True)
 
     def __enter__(self) -> SignerPool:
         return self
