@@ -180,7 +180,7 @@ class DedupService(Lifecycle):
             await asyncio.wrap_future(self._signers.submit([]))
 
     async def _signatures(self, prepared: _Prepared) -> Signatures | None:
-        """The workers' signatures of a batch; None (sign in the deciding thread) without workers or when one
+        """The workers' signatures of a batch; None (the decision core signs it) without workers or when one
         died (new workers then start for the next batches, once per broken pool)."""
         if prepared.signing is None:
             return None
@@ -188,10 +188,16 @@ class DedupService(Lifecycle):
             return await asyncio.wrap_future(prepared.signing)
         except WorkerDied:
             if prepared.signers is self._signers:
-                log.error("a signing worker died; this batch is signed in the service process, new workers start")
+                log.error("a signing worker died; the decision core signs this batch, new workers start")
                 await asyncio.to_thread(prepared.signers.stop)
                 self._signers = None
-                await self._start_signers()
+                try:
+                    await self._start_signers()
+                except WorkerDied:
+                    log.error("new signing workers died at once; the decision core signs every batch from now on")
+                    if self._signers is not None:
+                        await asyncio.to_thread(self._signers.stop)
+                        self._signers = None
             return None
 
     @property
