@@ -151,11 +151,15 @@ def _percent(value: float | None) -> str:
 
 
 def _print_table(results: Sequence[PeerResult]) -> None:
-    fastest_peer = max((r.docs_per_second for r in results if r.name != "streamdedup"), default=None)
+    fastest_peer = {
+        split: max((r.docs_per_second for r in results if r.split == split and r.name != "streamdedup"), default=None)
+        for split in {r.split for r in results}
+    }
     print(f"{'split':<8} {'system':<12} {'recall':>9} {'loss':>9} {'novel lost':>11} {'docs/s':>10} {'x fastest peer':>15}")
     for result in results:
         overall = result.report.overall
-        ratio = f"{result.docs_per_second / fastest_peer:.1f}x" if fastest_peer and result.name == "streamdedup" else ""
+        fastest = fastest_peer[result.split]
+        ratio = f"{result.docs_per_second / fastest:.1f}x" if fastest and result.name == "streamdedup" else ""
         print(
             f"{result.split:<8} {result.name:<12} {_percent(overall.recall):>9} {_percent(overall.loss):>9} "
             f"{overall.novel_dropped:>5}/{overall.novel:<5} {result.docs_per_second:>10.0f} {ratio:>15}"

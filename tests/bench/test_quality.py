@@ -66,6 +66,13 @@ def test_main_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.Ca
     tune_simhash = next(row for row in results if row["split"] == "tune" and row["system"] == "simhash")
     assert tune_simhash["by_edit"]["exact"]["recall"] == 1.0
     assert tune_simhash["overall"]["clearly_novel"] == 3
+    # The speed ratio compares streamdedup with the fastest peer of the same split.
+    for split in ("tune", "holdout"):
+        rows = [row for row in results if row["split"] == split]
+        ours = next(row["docs_per_second"] for row in rows if row["system"] == "streamdedup")
+        fastest = max(row["docs_per_second"] for row in rows if row["system"] != "streamdedup")
+        line = next(line for line in printed.splitlines() if line.startswith(f"{split:<8} streamdedup"))
+        assert line.endswith(f"{ours / fastest:.1f}x")
 
 
 def test_unknown_system_is_refused():
