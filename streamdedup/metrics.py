@@ -62,7 +62,7 @@ class Stage(StrEnum):
 
 _STAGE_HELP = {
     Stage.BATCH: "Wall time to process one batch end to end: decode, decide, index write, produce, commit.",
-    Stage.FINGERPRINT: "Time to fingerprint one batch of documents.",
+    Stage.FINGERPRINT: "Time to fingerprint and sketch one batch (or to wait for the signing workers to).",
     Stage.INDEX_LOOKUP: "Time to look up (and insert) one batch in the LMDB index.",
     Stage.PRODUCE: "Time to send one batch's records to Kafka (until every send is acknowledged).",
     Stage.COMMIT: "Time to commit one Kafka transaction (records plus input offsets).",
