@@ -18,6 +18,7 @@ import numpy as np
 
 from .decide import BatchTimings, Deduplicator, Verdict
 from .document import Document
+from .lifecycle import Lifecycle
 from .offline import open_index
 from .settings import Settings
 from .signature import Signatures
@@ -83,7 +84,7 @@ def _method(core: _DecisionCore, name: str, *args: Any) -> Any:
     return getattr(core, name)(*args)
 
 
-class DecisionProcess:
+class DecisionProcess(Lifecycle):
     """``start()`` opens the index where the decisions run; ``stop()`` closes it (idempotent)."""
 
     def __init__(self, settings: Settings) -> None:

@@ -48,8 +48,7 @@ async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(tmp_path: 
         kept_before_last = len(index) - sum(novel for novel, *_ in expected[2000:])
 
     process = DecisionProcess(configured(tmp_path, "remote", workers))
-    await process.start()
-    try:
+    async with process:
         got = []
         for n, batch in enumerate(batches()):
             verdicts, timings = await process.decide(batch, source_offsets={("in", 0): 1000 * (n + 1)}, signatures=None)
@@ -62,9 +61,7 @@ async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(tmp_path: 
         expired, stats = await process.maintain(None)
         assert expired == 0 and stats["entries"] == kept_before_last
         assert await process.source_offsets() == {("in", 0): 2000}
-    finally:
-        await process.stop()
-        await process.stop()  # idempotent
+    await process.stop()  # idempotent
     assert not process.open
     with pytest.raises(RuntimeError, match="not started"):
         await process.source_offsets()
