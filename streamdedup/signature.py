@@ -84,6 +84,11 @@ class SignerPool:
         self._turn = 0
         self._stopped = False
 
+    @property
+    def pids(self) -> list[int | None]:
+        """The workers' process ids."""
+        return [process.pid for process in self._processes]
+
     def submit(self, texts: Sequence[str]) -> Future[Signatures]:
         if self._stopped:
             raise RuntimeError("the signer pool is stopped")
@@ -94,8 +99,8 @@ class SignerPool:
         if self._stopped:
             return
         self._stopped = True
-        for waiter in self._waiters:
-            waiter.shutdown(wait=False, cancel_futures=True)
+        # Batches still queued are not cancelled: their futures fail with WorkerDied once the workers stop, so
+        # whoever waits for them hears the same thing as when a worker dies.
         for process in self._processes:
             process.stop()
         for waiter in self._waiters:

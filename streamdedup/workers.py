@@ -27,7 +27,7 @@ _STOP_TIMEOUT_SECONDS = 30.0
 
 
 class WorkerDied(RuntimeError):
-    """The worker process is gone (killed, out of memory); the call it was serving is lost."""
+    """The worker process is gone (killed, out of memory, or stopped); the call it was serving is lost."""
 
 
 class WorkerProcess:
@@ -66,7 +66,7 @@ class WorkerProcess:
     def call(self, function: Callable[..., Any], *args: Any) -> Any:
         with self._lock:
             if self._stopped:
-                raise RuntimeError("the worker process is stopped")
+                raise WorkerDied(f"worker process {self._process.name} is stopped")
             try:
                 if not self._started:
                     self._started = True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ from streamdedup.offline import open_index
 from streamdedup.quality.corpus import load_stream
 from streamdedup.settings import Settings, load_settings
 from streamdedup.signature import Signer, SignerPool
+from streamdedup.workers import WorkerDied
 
 TEXTS = [
     "the quick brown fox jumps over the lazy dog",
@@ -75,3 +78,36 @@ def test_decide_with_given_signatures_gives_the_same_verdicts(settings: Settings
     assert sum(not novel for novel, _, _ in results[0]) > 1000
     with open_index(settings, tmp_path / "bad") as index, pytest.raises(ValueError, match="signatures for"):
         Deduplicator(settings, index).decide(batches[0], signatures=signer.sign(["one text"]))
+
+
+def test_batches_of_a_killed_worker_fail_with_worker_died(settings: Settings) -> None:
+    texts = [doc.text for doc in load_stream(split="tune")[:20000]]
+    with SignerPool(settings.fingerprint, settings.dedup, workers=1) as pool:
+        pool.submit([]).result(timeout=120)
+        running = pool.submit(texts)  # long enough to be killed under
+        queued = pool.submit(texts[:10])  # waits behind it
+        (pid,) = pool.pids
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerDied):
+            running.result(timeout=60)
+        with pytest.raises(WorkerDied):
+            queued.result(timeout=60)
+
+
+def test_stop_fails_unfinished_batches_with_worker_died_instead_of_cancelling_them(settings: Settings) -> None:
+    texts = [doc.text for doc in load_stream(split="tune")[:20000]]
+    pool = SignerPool(settings.fingerprint, settings.dedup, workers=1)
+    pool.submit([]).result(timeout=120)
+    first = pool.submit(texts)
+    queued = pool.submit(texts[:10])
+    pool.stop()
+    # A cancelled future reads as the waiter itself being cancelled (the service hung on that). The first
+    # batch is finished if it had started, else refused like the queued one.
+    assert not first.cancelled() and not queued.cancelled()
+    if first.exception(timeout=0) is None:
+        assert len(first.result()) == len(texts)
+    else:
+        assert isinstance(first.exception(), WorkerDied)
+    with pytest.raises(WorkerDied, match="stopped"):
+        queued.result(timeout=0)

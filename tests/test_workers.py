@@ -48,7 +48,7 @@ def test_calls_keep_state_and_raise_the_workers_exceptions() -> None:
     finally:
         worker.stop()
         worker.stop()  # idempotent
-    with pytest.raises(RuntimeError, match="stopped"):
+    with pytest.raises(WorkerDied, match="stopped"):
         worker.call(add, 1)
 
 
