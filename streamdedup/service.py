@@ -167,9 +167,7 @@ class DedupService(Lifecycle):
             if self._health is not None:
                 await self._health.stop()
                 self._health = None
-            signers, self._signers = self._signers, None
-            if signers is not None:
-                await asyncio.to_thread(signers.stop)
+            await self._stop_signers()
             await self._decisions.stop()
 
     async def _start_signers(self) -> None:
@@ -178,6 +176,11 @@ class DedupService(Lifecycle):
         if workers:
             self._signers = SignerPool(self.settings.fingerprint, self.settings.dedup, workers)
             await asyncio.wrap_future(self._signers.submit([]))
+
+    async def _stop_signers(self) -> None:
+        signers, self._signers = self._signers, None
+        if signers is not None:
+            await asyncio.to_thread(signers.stop)
 
     async def _signatures(self, prepared: _Prepared) -> Signatures | None:
         """The workers' signatures of a batch; None (the decision core signs it) without workers or when one
@@ -188,17 +191,17 @@ class DedupService(Lifecycle):
             return await asyncio.wrap_future(prepared.signing)
         except WorkerDied:
             if prepared.signers is self._signers:
-                log.error("a signing worker died; the decision core signs this batch, new workers start")
-                await asyncio.to_thread(prepared.signers.stop)
-                self._signers = None
-                try:
-                    await self._start_signers()
-                except WorkerDied:
-                    log.error("new signing workers died at once; the decision core signs every batch from now on")
-                    if self._signers is not None:
-                        await asyncio.to_thread(self._signers.stop)
-                        self._signers = None
+                await self._replace_signers()
             return None
+
+    async def _replace_signers(self) -> None:
+        log.error("a signing worker died; the decision core signs this batch, new workers start")
+        await self._stop_signers()
+        try:
+            await self._start_signers()
+        except WorkerDied:
+            log.error("new signing workers died at once; the decision core signs every batch from now on")
+            await self._stop_signers()
 
     @property
     def running(self) -> bool:
