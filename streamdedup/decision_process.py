@@ -18,6 +18,7 @@ import numpy as np
 
 from .decide import BatchTimings, Deduplicator, Verdict
 from .document import Document
+from .index import IndexPlan
 from .lifecycle import Lifecycle
 from .offline import open_index
 from .settings import Settings
@@ -47,6 +48,9 @@ class _DecisionCore:
 
     def source_offsets(self) -> dict[tuple[str, int], int]:
         return self.index.source_offsets()
+
+    def plan(self) -> IndexPlan:
+        return self.index.plan
 
     def rollback(self, offsets: Mapping[tuple[str, int], int]) -> int:
         return self.index.rollback(offsets)
@@ -85,13 +89,15 @@ def _method(core: _DecisionCore, name: str, *args: Any) -> Any:
 
 
 class DecisionProcess(Lifecycle):
-    """``start()`` opens the index where the decisions run; ``stop()`` closes it (idempotent)."""
+    """``start()`` opens the index where the decisions run; ``stop()`` closes it (idempotent). ``plan`` is the
+    open index's table plan (what signing workers key batches under)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.path = Path(settings.index.path)
         self._worker: WorkerProcess | None = None
         self._core: _DecisionCore | None = None
+        self.plan: IndexPlan | None = None
 
     @property
     def open(self) -> bool:
@@ -102,12 +108,13 @@ class DecisionProcess(Lifecycle):
             return
         if self.settings.dedup.workers == 0:
             self._core = await asyncio.to_thread(_DecisionCore, self.settings)
+            self.plan = self._core.plan()
             return
         # Spawned from the event loop's thread, which lives as long as the process (the death signal).
         self._worker = WorkerProcess(_DecisionCore, (self.settings.detached(),), name="streamdedup-decisions")
         try:
             # The index opens in the worker; the first call returns its errors (incompatible plan, ...).
-            await self._call("source_offsets")
+            self.plan = await self._call("plan")
         except BaseException:
             await asyncio.to_thread(self._worker.stop)
             self._worker = None

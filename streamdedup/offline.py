@@ -20,11 +20,11 @@ from tqdm import tqdm
 
 from .decide import Deduplicator, Verdict
 from .document import DeadLetter, Document, DocumentDecoder
-from .index import SegmentIndex
+from .index import IndexPlan, SegmentIndex, planned
 from .settings import Settings
 from .signature import Signatures, SignerPool
 
-__all__ = ["DedupSummary", "decide_batches", "dedup_file", "open_index", "signer_pool"]
+__all__ = ["DedupSummary", "decide_batches", "dedup_file", "index_plan", "open_index", "signer_pool"]
 
 _Tag = TypeVar("_Tag")
 
@@ -62,10 +62,18 @@ def open_index(settings: Settings, path: Path, *, durable: bool = True) -> Segme
     )
 
 
-def signer_pool(settings: Settings) -> SignerPool | nullcontext[None]:
-    """The configured signing processes, or nothing when ``dedup.workers`` is 0 (a context manager either way)."""
+def index_plan(settings: Settings) -> IndexPlan:
+    """The table plan of a new index under ``settings`` (an existing index keeps its own)."""
+    return planned(settings.index, bits=settings.fingerprint.width, segments=settings.fingerprint.segments)
+
+
+def signer_pool(settings: Settings, plan: IndexPlan | None = None) -> SignerPool | nullcontext[None]:
+    """The configured signing processes, or nothing when ``dedup.workers`` is 0 (a context manager either way).
+    They key batches under ``plan`` (the index's; default: ``index_plan(settings)``)."""
     workers = settings.dedup.workers
-    return SignerPool(settings.fingerprint, settings.dedup, workers) if workers else nullcontext()
+    if not workers:
+        return nullcontext()
+    return SignerPool(settings.fingerprint, settings.dedup, workers, plan or index_plan(settings))
 
 
 def decide_batches(
@@ -127,7 +135,7 @@ def dedup_file(
 
     with (
         open_index(settings, work_dir, durable=False) as index,
-        signer_pool(settings) as pool,
+        signer_pool(settings, index.plan) as pool,
         input_path.open("rb") as source,
         output_path.open("wb") as kept_out,
         dead_letter_path.open("wb") as dead_out,

@@ -174,7 +174,7 @@ class DedupService(Lifecycle):
         """Spawn the signing workers and wait until they can sign (a first batch would wait for that)."""
         workers = self.settings.dedup.workers
         if workers:
-            self._signers = SignerPool(self.settings.fingerprint, self.settings.dedup, workers)
+            self._signers = SignerPool(self.settings.fingerprint, self.settings.dedup, workers, self._decisions.plan)
             await asyncio.wrap_future(self._signers.submit([]))
 
     async def _stop_signers(self) -> None:

@@ -139,7 +139,7 @@ class DedupSettings(Section):
     sketch_features: FeatureSettings | None = None
     min_jaccard: float = Field(default=0.55, gt=0.0, le=1.0)
     batch_size: int = Field(default=2048, ge=1)
-    workers: int = Field(default=1, ge=0)
+    workers: int = Field(default=2, ge=0)
 
 
 class MetricsSettings(Section):

@@ -1,6 +1,7 @@
-"""What the decision core needs to know of each text: its fingerprint and its bottom-k sketch.
+"""What the decision core needs to know of each text: its fingerprint and its bottom-k sketch; and, given
+the index's table plan, the batch's table keys and its near pairs within the batch.
 
-Signing is the stateless half of the decision core (no index involved), so it can run anywhere: in the
+Signing is the stateless half of the decision core (no index state involved), so it can run anywhere: in the
 deciding process, or in worker processes (:class:`SignerPool`) while the decider looks up and stores the
 previous batch. Both give the same :class:`Signatures` for the same texts and settings.
 """
@@ -9,27 +10,42 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .features import FeatureExtractor
 from .fingerprint import FingerprintBatch, Fingerprinter
+from .index import IndexPlan, TableKeys, table_keys
 from .minhash import BottomK
 from .settings import DedupSettings, FingerprintSettings
 from .workers import WorkerProcess
 
-__all__ = ["Signatures", "Signer", "SignerPool"]
+__all__ = ["BatchPairs", "Signatures", "Signer", "SignerPool"]
+
+
+@dataclass(frozen=True)
+class BatchPairs:
+    """Indexable texts of one batch that share a table key and lie within the plan's radius, sorted by
+    (earlier, later): their rows, Hamming distance and the Jaccard estimate of their sketches."""
+
+    earlier: np.ndarray
+    later: np.ndarray
+    distances: np.ndarray
+    jaccard: np.ndarray
 
 
 @dataclass(frozen=True)
 class Signatures:
-    """Per text: fingerprint row, bottom-k sketch row, error (or None) and whether it had no features."""
+    """Per text: fingerprint row, bottom-k sketch row, error (or None) and whether it had no features. Signed
+    under a table plan, also the batch's ``keys`` under it and its near ``pairs``."""
 
     fingerprints: np.ndarray
     sketches: np.ndarray
     errors: tuple[str | None, ...]
     empty: np.ndarray
+    keys: TableKeys | None = None
+    pairs: BatchPairs | None = None
 
     def __len__(self) -> int:
         return len(self.errors)
@@ -42,9 +58,11 @@ class Signatures:
 
 
 class Signer:
-    """Fingerprints and sketches texts under one configuration."""
+    """Fingerprints and sketches texts under one configuration; with a table ``plan`` (the index's), also
+    keys the batch and finds its near pairs, the index-free part of a lookup."""
 
-    def __init__(self, fingerprint: FingerprintSettings, policy: DedupSettings) -> None:
+    def __init__(self, fingerprint: FingerprintSettings, policy: DedupSettings, plan: IndexPlan | None = None) -> None:
+        self.plan = plan
         self.fingerprinter = Fingerprinter.from_settings(fingerprint)
         self.sketcher = BottomK(policy.sketch_size)
         self._shingler = (
@@ -59,7 +77,21 @@ class Signer:
     def sign_batch(self, batch: FingerprintBatch) -> Signatures:
         """Signatures of an already fingerprinted batch (the sketch reads its features)."""
         features = batch.features if self._shingler is None else self._shingler.extract(batch.normalized)
-        return Signatures(batch.fingerprints, self.sketcher.sketch(features), batch.errors, batch.empty)
+        signatures = Signatures(batch.fingerprints, self.sketcher.sketch(features), batch.errors, batch.empty)
+        return signatures if self.plan is None else self.keyed(signatures)
+
+    def keyed(self, signatures: Signatures) -> Signatures:
+        """``signatures`` with their table keys under this signer's plan and their near pairs."""
+        if self.plan is None:
+            raise ValueError("a signer without a table plan cannot key signatures")
+        fps = signatures.fingerprints
+        keys = table_keys(self.plan, fps)
+        earlier, later, distances = keys.pairs(fps)
+        indexable = signatures.indexable
+        usable = indexable[earlier] & indexable[later]
+        earlier, later, distances = earlier[usable], later[usable], distances[usable]
+        jaccard = self.sketcher.jaccard(signatures.sketches[later], signatures.sketches[earlier])
+        return replace(signatures, keys=keys, pairs=BatchPairs(earlier, later, distances, jaccard))
 
 
 def _sign(signer: Signer, texts: list[str]) -> Signatures:
@@ -72,12 +104,14 @@ class SignerPool:
     A dead worker fails the futures of its batches with :class:`~streamdedup.workers.WorkerDied`.
     ``stop`` is idempotent and waits for the workers to exit."""
 
-    def __init__(self, fingerprint: FingerprintSettings, policy: DedupSettings, workers: int) -> None:
+    def __init__(
+        self, fingerprint: FingerprintSettings, policy: DedupSettings, workers: int, plan: IndexPlan | None = None
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.workers = workers
         self._processes = [
-            WorkerProcess(Signer, (fingerprint, policy), name=f"streamdedup-signer-{n}") for n in range(workers)
+            WorkerProcess(Signer, (fingerprint, policy, plan), name=f"streamdedup-signer-{n}") for n in range(workers)
         ]
         # One thread per worker waits for its replies, so a worker's batches stay in submission order.
         self._waiters = [ThreadPoolExecutor(1, thread_name_prefix=f"streamdedup-signer-{n}") for n in range(workers)]

@@ -70,10 +70,10 @@ def test_signing_workers_change_nothing_but_speed(tmp_path: Path) -> None:
     source = write_lines(tmp_path / "in.jsonl", records)
     settings = load_settings(CONFIG)
     outputs = []
-    for workers in (0, 1):
+    for workers in (0, 1, 2):
         configured = settings.model_copy(update={"dedup": settings.dedup.model_copy(update={"workers": workers, "batch_size": 700})})
         out = tmp_path / f"out-{workers}.jsonl"
         summary = dedup_file(source, out, configured, work_dir=tmp_path / f"idx-{workers}")
         outputs.append((out.read_text(encoding="utf-8"), summary.as_dict()))
-    assert outputs[0] == outputs[1]
+    assert outputs[0] == outputs[1] == outputs[2]
     assert 1000 < outputs[0][1]["kept"] < 5000

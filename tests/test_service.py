@@ -488,6 +488,7 @@ async def test_killed_worker_processes_are_replaced_with_the_same_result(
     config_dict = overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=200)
     config = write_config(tmp_path / "config.yaml", config_dict)
     group = config_dict["kafka"]["group_id"]
+    workers = load_settings(config).dedup.workers
     rng = random.Random(7)
     process = start_service(config, tmp_path / "service.log")
     killed = []
@@ -496,7 +497,7 @@ async def test_killed_worker_processes_are_replaced_with_the_same_result(
             target = (kill + 1) * total // (kills + 2)
             await wait_for(lambda: _progress(kafka_bootstrap, group, topics.input, target), 120, f"progress to {target}")
             children = worker_children(process.pid)
-            assert len(children) == 2, children  # one signing worker, one decision process
+            assert len(children) == workers + 1, children  # the signing workers and the decision process
             victim = rng.choice(children)
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)
@@ -515,9 +516,10 @@ async def test_killed_worker_processes_are_replaced_with_the_same_result(
 
 async def test_workers_die_with_a_killed_service(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
     config = write_config(tmp_path / "config.yaml", overrides(kafka_bootstrap, topics, tmp_path / "index"))
+    expected = load_settings(config).dedup.workers + 1  # the signing workers and the decision process
     process = start_service(config, tmp_path / "service.log")
     try:
-        await wait_for(lambda: _async_true(len(worker_children(process.pid)) == 2), 60, "the worker processes")
+        await wait_for(lambda: _async_true(len(worker_children(process.pid)) == expected), 60, "the worker processes")
         children = worker_children(process.pid)
     finally:
         process.send_signal(signal.SIGKILL)

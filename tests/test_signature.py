@@ -13,7 +13,8 @@ from streamdedup.decide import Deduplicator
 from streamdedup.document import Document
 from streamdedup.fingerprint import Fingerprinter
 from streamdedup.minhash import BottomK
-from streamdedup.offline import open_index
+from streamdedup.index.plan import make_segment_plan
+from streamdedup.offline import index_plan, open_index
 from streamdedup.quality.corpus import load_stream
 from streamdedup.settings import Settings, load_settings
 from streamdedup.signature import Signer, SignerPool
@@ -46,14 +47,20 @@ def test_signatures_are_the_fingerprints_and_the_bottom_k_sketches(settings: Set
 
 def test_the_pool_signs_exactly_as_the_process_itself(settings: Settings) -> None:
     texts = [doc.text for doc in load_stream(split="holdout")[:3000]]
-    local = Signer(settings.fingerprint, settings.dedup).sign(texts)
-    pool = SignerPool(settings.fingerprint, settings.dedup, workers=2)
+    plan = index_plan(settings)
+    local = [Signer(settings.fingerprint, settings.dedup, plan).sign(texts[start : start + 1000]) for start in range(0, 3000, 1000)]
+    pool = SignerPool(settings.fingerprint, settings.dedup, workers=2, plan=plan)
     with pool:
         futures = [pool.submit(texts[start : start + 1000]) for start in range(0, len(texts), 1000)]
         remote = [future.result(timeout=120) for future in futures]
-    assert np.concatenate([part.fingerprints for part in remote]).tolist() == local.fingerprints.tolist()
-    assert np.concatenate([part.sketches for part in remote]).tolist() == local.sketches.tolist()
-    assert sum((part.errors for part in remote), ()) == local.errors
+    for mine, theirs in zip(local, remote, strict=True):
+        assert theirs.fingerprints.tolist() == mine.fingerprints.tolist()
+        assert theirs.sketches.tolist() == mine.sketches.tolist()
+        assert theirs.errors == mine.errors
+        assert theirs.keys is not None and mine.keys is not None and theirs.pairs is not None and mine.pairs is not None
+        assert theirs.keys.plan == plan and np.array_equal(theirs.keys.keys, mine.keys.keys)
+        assert np.array_equal(theirs.pairs.later, mine.pairs.later) and np.array_equal(theirs.pairs.jaccard, mine.pairs.jaccard)
+    assert sum(len(part.pairs.later) for part in local if part.pairs is not None) > 100
     pool.stop()  # idempotent
     with pytest.raises(RuntimeError, match="stopped"):
         pool.submit(["x"])
@@ -64,20 +71,27 @@ def test_the_pool_signs_exactly_as_the_process_itself(settings: Settings) -> Non
 def test_decide_with_given_signatures_gives_the_same_verdicts(settings: Settings, tmp_path: Path) -> None:
     stream = load_stream(split="tune")[:4000]
     batches = [[Document(d.id, d.text, 0.0) for d in stream[start : start + 1000]] for start in range(0, 4000, 1000)]
-    signer = Signer(settings.fingerprint, settings.dedup)
+    # Signed without a plan, under the index's plan (keys used as they come), under another plan (re-keyed).
+    signers = {
+        "inline": None,
+        "unkeyed": Signer(settings.fingerprint, settings.dedup),
+        "keyed": Signer(settings.fingerprint, settings.dedup, index_plan(settings)),
+        "other-plan": Signer(settings.fingerprint, settings.dedup, make_segment_plan(settings.fingerprint.width, 16)),
+    }
     results = []
-    for name, presigned in (("inline", False), ("presigned", True)):
+    for name, signer in signers.items():
         with open_index(settings, tmp_path / name) as index:
             dedup = Deduplicator(settings, index)
             results.append([
                 (v.novel, v.reason, v.match_id)
                 for batch in batches
-                for v in dedup.decide(batch, signatures=signer.sign([d.text for d in batch]) if presigned else None)
+                for v in dedup.decide(batch, signatures=signer.sign([d.text for d in batch]) if signer else None)
             ])
-    assert results[0] == results[1]
+    assert all(result == results[0] for result in results[1:])
     assert sum(not novel for novel, _, _ in results[0]) > 1000
+    one = Signer(settings.fingerprint, settings.dedup).sign(["one text"])
     with open_index(settings, tmp_path / "bad") as index, pytest.raises(ValueError, match="signatures for"):
-        Deduplicator(settings, index).decide(batches[0], signatures=signer.sign(["one text"]))
+        Deduplicator(settings, index).decide(batches[0], signatures=one)
 
 
 def test_batches_of_a_killed_worker_fail_with_worker_died(settings: Settings) -> None:

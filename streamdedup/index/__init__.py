@@ -1,9 +1,11 @@
-"""The persistent LMDB segment index (``SegmentIndex``) and its table plans (``IndexPlan``, ``make_plan``)."""
+"""The persistent LMDB segment index (``SegmentIndex``), its table plans (``IndexPlan``, ``make_plan``) and a
+batch's table keys under a plan (``TableKeys``, ``table_keys``)."""
 
 from __future__ import annotations
 
+from .keys import TableKeys, table_keys
 from .plan import IndexPlan, PlanError, make_plan
-from .segment import EntryRecords, IndexStorageError, SearchResult, SegmentIndex
+from .segment import EntryRecords, IndexStorageError, SearchResult, SegmentIndex, planned
 
 __all__ = [
     "EntryRecords",
@@ -12,5 +14,8 @@ __all__ = [
     "PlanError",
     "SearchResult",
     "SegmentIndex",
+    "TableKeys",
     "make_plan",
+    "planned",
+    "table_keys",
 ]

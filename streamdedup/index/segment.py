@@ -38,9 +38,10 @@ import numpy as np
 
 from .. import names
 from ..settings import IndexSettings
-from .plan import IndexPlan, PlanError, fold, gather_bits, make_plan, make_segment_plan, scatter_bits, unpack_bits
+from .keys import TableKeys, table_keys, table_rows
+from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
 
-__all__ = ["EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex"]
+__all__ = ["EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex", "planned"]
 
 FORMAT_VERSION = 1
 NO_TOPIC = 0xFFFFFFFF
@@ -80,28 +81,6 @@ class EntryRecords:
     times: np.ndarray
     payloads: np.ndarray
     origins: list[tuple[str, int, int] | None]
-
-
-@dataclass(frozen=True)
-class _TableKeys:
-    """A batch's rows in every table, each table's row sorted by key: ``rows[t, i]`` is the batch row at
-    sorted position i of table t, with key ``keys[t, i]`` and stored value ``values[t, i]``. ``runs[t, i]``
-    is true where position i starts a run of equal keys. One sort serves lookup, in-batch pairs and insert."""
-
-    rows: np.ndarray
-    keys: np.ndarray
-    values: np.ndarray
-    runs: np.ndarray
-    folds: np.ndarray
-
-    def run_ends(self) -> np.ndarray:
-        """(T, n) end (exclusive, within the table) of the run each position belongs to."""
-        tables, n = self.keys.shape
-        starts = np.flatnonzero(self.runs.ravel())
-        ends = np.append(starts[1:], tables * n)
-        flat_end = ends[np.cumsum(self.runs.ravel()) - 1]
-        # A table's last run ends at the table's end, not at the next table's first position.
-        return np.minimum(flat_end.reshape(tables, n) - np.arange(tables)[:, None] * n, n)
 
 
 def _seq_bytes(seqs: np.ndarray) -> list[bytes]:
@@ -213,9 +192,8 @@ class SegmentIndex:
     ) -> SegmentIndex:
         """The index an ``index:`` config section describes (at ``settings.path`` unless ``path`` is given);
         ``segments`` > 1 (a segmented fingerprint) takes one table per segment."""
-        plan = None
-        if segments > 1 and not readonly and bits is not None:
-            plan = make_segment_plan(bits, segments, settings.radius, expected_entries=settings.expected_entries)
+        # Classic plans are left to the constructor, which keeps an existing index's planning size.
+        plan = planned(settings, bits=bits, segments=segments) if segments > 1 and not readonly and bits is not None else None
         radius = None if readonly else (bits if settings.radius is None else settings.radius)
         return cls(
             settings.path if path is None else path,
@@ -273,8 +251,6 @@ class SegmentIndex:
         self.time_bucket = float(fmt["time_bucket"])
         self._check_compatible(bits, radius, payload_bytes, plan)
         self.bits = self.plan.bits
-        # Segment plans leave an all-zero segment unkeyed: it stands for "too few features", not a value.
-        self._unkeyed_zero = self.plan.kind == "segments"
         self.radius = self.plan.radius
         self.words = self.bits // 64
         self._open_dbs()
@@ -389,40 +365,16 @@ class SegmentIndex:
             raise ValueError(f"fingerprints must be uint64, got {fps.dtype}")
         return np.ascontiguousarray(fps)
 
-    def _table_rows(self, fps: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
-        """Keys as right-aligned uint64 (tables, n), each table's values likewise; plus the folds."""
-        folds = fold(fps)
-        plan = self.plan
-        size = self.bits // len(plan.tables)
-        if plan.kind == "segments" and 64 % size == 0:
-            # Segments tile the words in order: one shift-and-mask over every word gives every table's keys.
-            shifts = np.arange(64 // size - 1, -1, -1, dtype=np.uint64) * np.uint64(size)
-            mask = np.uint64(2**size - 1)
-            keys = ((fps[:, :, None] >> shifts) & mask).reshape(len(fps), len(plan.tables)).T
-        else:
-            shared = unpack_bits(fps) if plan.kind == "sampled" else None
-            keys = np.array([gather_bits(fps, key, shared) for key in plan.tables], dtype=np.uint64).reshape(-1, len(fps))
-        if self.words > 1:
-            return keys, [folds] * len(keys), folds
-        values = [gather_bits(fps, plan.value_bits(t)) for t in range(len(keys))]
-        return keys, values, folds
-
-    def _table_keys(self, fps: np.ndarray) -> _TableKeys:
-        key_matrix, values, folds = self._table_rows(fps)
-        row_bits = max(1, (len(fps) - 1).bit_length())
-        if max(self.plan.key_bits) + row_bits <= 64:
-            # (key, row) packed in one word: a row-wise plain sort (vectorised in numpy, several times faster
-            # than an argsort) orders every table by key and carries the rows along.
-            packed = np.sort((key_matrix << np.uint64(row_bits)) | np.arange(len(fps), dtype=np.uint64), axis=1)
-            order = (packed & np.uint64((1 << row_bits) - 1)).astype(np.intp)
-            sorted_keys = packed >> np.uint64(row_bits)
-        else:
-            order = np.argsort(key_matrix, axis=1)
-            sorted_keys = np.take_along_axis(key_matrix, order, axis=1)
-        runs = np.ones(sorted_keys.shape, dtype=bool)
-        runs[:, 1:] = sorted_keys[:, 1:] != sorted_keys[:, :-1]
-        sorted_values = folds[order] if self.words > 1 else np.take_along_axis(np.stack(values), order, axis=1)
-        return _TableKeys(order, sorted_keys, sorted_values, runs, folds)
+    def _keys(self, fps: np.ndarray, keys: TableKeys | None) -> TableKeys:
+        """``keys`` when given (computed elsewhere for these ``fps``, e.g. by a signing worker), checked
+        against the stored plan; else computed here."""
+        if keys is None:
+            return table_keys(self.plan, fps)
+        if not keys.plan.same_lookup(self.plan):
+            raise ValueError("table keys of another plan than this index's")
+        if len(keys) != len(fps):
+            raise ValueError(f"table keys for {len(keys)} rows do not fit {len(fps)} fingerprints")
+        return keys
 
     def _folds_from_rows(self, table: int, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Rebuild the 64-bit folds of table rows (the inverse of the key/value split)."""
@@ -444,21 +396,23 @@ class SegmentIndex:
 
     # ----------------------------------------------------------------- lookup
 
-    def _search(self, txn: Any, fps: np.ndarray, min_time: float | None) -> tuple[SearchResult, EntryRecords | None]:
+    def _search(
+        self, txn: Any, fps: np.ndarray, min_time: float | None, keys: TableKeys | None = None
+    ) -> tuple[SearchResult, EntryRecords | None]:
         n = len(fps)
         empty = SearchResult(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
         if n == 0:
             return empty, None
         radius = self.radius
-        table_keys = self._table_keys(fps)
-        probes = table_keys.runs & (table_keys.keys != 0) if self._unkeyed_zero else table_keys.runs
+        batch_keys = self._keys(fps, keys)
+        probes = batch_keys.runs & (batch_keys.keys != 0) if batch_keys.unkeyed_zero else batch_keys.runs
         found_tables, found_positions, found_values, found_folds = [], [], [], []
         for table, db in enumerate(self._tables):
             kb, vb = self._key_bytes[table], self._value_bytes[table]
             positions = np.flatnonzero(probes[table])
             if not len(positions):
                 continue
-            probed = table_keys.keys[table, positions]
+            probed = batch_keys.keys[table, positions]
             with txn.cursor(db) as cursor:
                 raw = cursor.getmulti(_int_bytes(probed, kb), dupdata=True, dupfixed_bytes=vb, keyfixed=True)
             if not len(raw):
@@ -479,13 +433,13 @@ class SegmentIndex:
         tables = np.concatenate(found_tables)
         positions = np.concatenate(found_positions)
         # Each stored row pairs with every batch row of its key's run (usually one).
-        run_lengths = table_keys.run_ends()[tables, positions] - positions
+        run_lengths = batch_keys.run_ends()[tables, positions] - positions
         found = np.repeat(np.arange(len(tables)), run_lengths)
         offsets = np.arange(len(found)) - np.repeat(np.cumsum(run_lengths) - run_lengths, run_lengths)
         tables, positions = tables[found], positions[found] + offsets
         stored, folds_found = np.concatenate(found_values)[found], np.concatenate(found_folds)[found]
-        near = np.bitwise_count(stored ^ table_keys.values[tables, positions]) <= radius
-        qi, folds_found = table_keys.rows[tables[near], positions[near]], folds_found[near]
+        near = np.bitwise_count(stored ^ batch_keys.values[tables, positions]) <= radius
+        qi, folds_found = batch_keys.rows[tables[near], positions[near]], folds_found[near]
         if not len(qi):
             return empty, None
         # A pair found through several tables counts once.
@@ -551,18 +505,21 @@ class SegmentIndex:
         with txn.cursor(self._topics) as cursor:
             return {int.from_bytes(v, "big"): k.decode() for k, v in cursor}
 
-    def search(self, fps: np.ndarray, *, min_time: float | None = None) -> SearchResult:
-        """All stored entries within the radius of each query, as flat arrays (see SearchResult)."""
+    def search(self, fps: np.ndarray, *, min_time: float | None = None, keys: TableKeys | None = None) -> SearchResult:
+        """All stored entries within the radius of each query, as flat arrays (see SearchResult). ``keys``: the
+        queries' table keys, when already computed (``table_keys(index.plan, fps)``)."""
         fps = self._check_fps(fps)
         with self._read() as txn:
-            return self._search(txn, fps, min_time)[0]
+            return self._search(txn, fps, min_time, keys)[0]
 
-    def search_entries(self, fps: np.ndarray, *, min_time: float | None = None) -> tuple[SearchResult, EntryRecords]:
+    def search_entries(
+        self, fps: np.ndarray, *, min_time: float | None = None, keys: TableKeys | None = None
+    ) -> tuple[SearchResult, EntryRecords]:
         """``search`` plus the matched entries' records, row for row, from one read transaction (the lookup
         reads them anyway on wide fingerprints)."""
         fps = self._check_fps(fps)
         with self._read() as txn:
-            result, records = self._search(txn, fps, min_time)
+            result, records = self._search(txn, fps, min_time, keys)
             if records is None:
                 records = self._records(txn, result.entries)
         return result, _reorder(records, np.searchsorted(records.entries, result.entries))
@@ -604,9 +561,11 @@ class SegmentIndex:
         payloads: Sequence[bytes] | np.ndarray | None = None,
         origins: Sequence[tuple[str, int, int] | None] | None = None,
         source_offsets: Mapping[tuple[str, int], int] | None = None,
+        keys: TableKeys | None = None,
     ) -> None:
-        """Store a batch (and the source offsets after it) in ONE write transaction; a re-added id replaces."""
-        batch = self._batch(ids, fps, times, payloads, origins)
+        """Store a batch (and the source offsets after it) in ONE write transaction; a re-added id replaces.
+        ``keys``: the batch's table keys, when already computed (``table_keys(index.plan, fps)``)."""
+        batch = self._batch(ids, fps, times, payloads, origins, keys)
         self._write(lambda txn: self._add_in(txn, batch, source_offsets))
 
     def query_insert(
@@ -626,10 +585,10 @@ class SegmentIndex:
         Only kept documents count as earlier matches, so verdicts do not depend on batch boundaries.
         A stored entry with the document's own id is ignored: a replayed document is not its own duplicate.
         """
-        batch = self._batch(ids, fps, times, payloads, origins)
+        batch = self._batch(ids, fps, times, payloads, origins, None)
         return self._write(lambda txn: self._query_insert_in(txn, batch, source_offsets, min_time))
 
-    def _batch(self, ids, fps, times, payloads, origins) -> dict[str, Any]:
+    def _batch(self, ids, fps, times, payloads, origins, keys) -> dict[str, Any]:
         fps = self._check_fps(fps)
         n = len(fps)
         ids = list(ids)
@@ -663,7 +622,15 @@ class SegmentIndex:
         origins = list(origins) if origins is not None else [None] * n
         if len(origins) != n:
             raise ValueError(f"{len(origins)} origins for {n} fingerprints")
-        return {"ids": ids, "id_bytes": id_bytes, "fps": fps, "times": times, "payloads": payload_rows, "origins": origins}
+        return {
+            "ids": ids,
+            "id_bytes": id_bytes,
+            "fps": fps,
+            "times": times,
+            "payloads": payload_rows,
+            "origins": origins,
+            "keys": self._keys(fps, keys),
+        }
 
     def _counter(self, txn: Any, key: bytes) -> int:
         raw = txn.get(key, db=self._meta)
@@ -737,15 +704,15 @@ class SegmentIndex:
             cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads, id_bytes)), append=True)
         with txn.cursor(self._ids) as cursor:
             cursor.putmulti(zip(id_keys, seq_keys))
-        table_keys = self._table_keys(fps)
-        folds = table_keys.folds
+        batch_keys: TableKeys = batch["keys"]
+        folds = batch_keys.folds
         # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
         order = np.argsort(folds)
         with txn.cursor(self._folds) as cursor:
             cursor.putmulti(zip(_seq_bytes(folds[order]), _seq_bytes(seqs[order])))
         for table, db in enumerate(self._tables):
-            keys, values = table_keys.keys[table], table_keys.values[table]
-            wanted = keys != 0 if self._unkeyed_zero else slice(None)
+            keys, values = batch_keys.keys[table], batch_keys.values[table]
+            wanted = keys != 0 if batch_keys.unkeyed_zero else slice(None)
             with txn.cursor(db) as cursor:
                 cursor.putmulti(
                     zip(_int_bytes(keys[wanted], self._key_bytes[table]), _int_bytes(values[wanted], self._value_bytes[table]))
@@ -787,7 +754,7 @@ class SegmentIndex:
     def _query_insert_in(self, txn, batch, source_offsets, min_time) -> list[list[tuple[str, int]]]:
         fps, ids, times = batch["fps"], batch["ids"], batch["times"]
         n = len(fps)
-        result, records = self._search(txn, fps, min_time)
+        result, records = self._search(txn, fps, min_time, batch["keys"])
         if records is None:
             records = self._records(txn, result.entries)
         matches = self._group(n, result, records)
@@ -795,7 +762,7 @@ class SegmentIndex:
             if matches[row] and any(found == ids[row] for found, _ in matches[row]):
                 matches[row] = [(found, d) for found, d in matches[row] if found != ids[row]]
         novel = np.array([not m for m in matches], dtype=bool)
-        earlier, later, distances = self.batch_pairs(fps)
+        earlier, later, distances = batch["keys"].pairs(fps)
         if min_time is not None:
             keep = times[earlier] >= min_time
             earlier, later, distances = earlier[keep], later[keep], distances[keep]
@@ -814,32 +781,11 @@ class SegmentIndex:
         self._add_in(txn, _subset(batch, keep), source_offsets)
         return matches
 
-    def batch_pairs(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def batch_pairs(self, fps: np.ndarray, *, keys: TableKeys | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All (earlier, later, distance) row pairs of one batch within the radius, found through the plan's
         keys in memory (the same guarantee as the stored tables), sorted by (earlier, later)."""
         fps = self._check_fps(fps)
-        n = len(fps)
-        none = np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
-        table_keys = self._table_keys(fps)
-        rows = table_keys.rows.ravel()
-        positions = np.arange(len(rows))
-        # Each position pairs with every later position of its (table, key) run.
-        run_end = table_keys.run_ends().ravel() + np.repeat(np.arange(len(table_keys.keys)) * n, n)
-        later_count = run_end - positions - 1
-        if self._unkeyed_zero:
-            later_count[table_keys.keys.ravel() == 0] = 0
-        total = int(later_count.sum())
-        if not total:
-            return none
-        first = np.repeat(positions, later_count)
-        step = np.arange(total) - np.repeat(np.cumsum(later_count) - later_count, later_count) + 1
-        a, b = rows[first], rows[first + step]
-        # A pair found through several tables counts once: (earlier, later) packed in one word, one sort.
-        pairs = np.unique(np.minimum(a, b).astype(np.uint64) * np.uint64(n) + np.maximum(a, b).astype(np.uint64))
-        earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
-        distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
-        near = distances <= self.radius
-        return earlier[near], later[near], distances[near]
+        return self._keys(fps, keys).pairs(fps)
 
     # ----------------------------------------------------------------- removal and expiry
 
@@ -903,7 +849,7 @@ class SegmentIndex:
         if not n:
             return 0
         seq_keys = _seq_bytes(entries)
-        keys, values, folds = self._table_rows(head["fp"].reshape(n, self.words).astype(np.uint64))
+        keys, values, folds = table_rows(self.plan, head["fp"].reshape(n, self.words).astype(np.uint64))
         fold_keys = _seq_bytes(folds)
         id_keys = self._id_keys([x.encode() for x in ids])
         for i in range(n):
@@ -919,7 +865,7 @@ class SegmentIndex:
         survivor_seqs = np.frombuffer(survivors, dtype=np.uint8).reshape(-1, 16)[:, 8:].copy().view(_U64).astype(np.uint64).ravel()
         kept: list[set[tuple[bytes, bytes]]] = [set() for _ in self._tables]
         if len(survivor_seqs):
-            s_keys, s_values, _ = self._table_rows(self._records(txn, survivor_seqs).fingerprints)
+            s_keys, s_values, _ = table_rows(self.plan, self._records(txn, survivor_seqs).fingerprints)
             for table in range(len(self._tables)):
                 kept[table] = set(zip(self._key_list(table, s_keys), self._value_list(table, s_values)))
         for table, db in enumerate(self._tables):
@@ -1069,6 +1015,14 @@ class SegmentIndex:
         self.close()
 
 
+def planned(settings: IndexSettings, *, bits: int, segments: int = 1) -> IndexPlan:
+    """The table plan a new index under ``settings`` gets (``segments`` > 1: one table per segment)."""
+    if segments > 1:
+        return make_segment_plan(bits, segments, settings.radius, expected_entries=settings.expected_entries)
+    radius = bits if settings.radius is None else settings.radius
+    return make_plan(bits, radius, settings.expected_entries, max_tables=settings.max_tables)
+
+
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Pause Python's cyclic GC for a batch: it would rescan the millions of short-lived key/value objects
@@ -1090,7 +1044,14 @@ def _bucket_start(key: bytes, width: float) -> float:
 
 
 def _subset(batch: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
-    return {k: (v[rows] if isinstance(v, np.ndarray) else [v[i] for i in rows.tolist()]) for k, v in batch.items()}
+    def part(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return value[rows]
+        if isinstance(value, TableKeys):
+            return value.subset(rows)
+        return [value[i] for i in rows.tolist()]
+
+    return {k: part(v) for k, v in batch.items()}
 
 
 def _reorder(records: EntryRecords, order: np.ndarray) -> EntryRecords:

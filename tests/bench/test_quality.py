@@ -3,9 +3,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from streamdedup.bench.quality import PEERS, main, run_peer
+from streamdedup.bench.quality import PEERS, _best, main, run_peer
 from streamdedup.quality.corpus import CLEARLY_NOVEL, DUPLICATE, OTHER, BenchDoc, load_stream, write_stream
 from streamdedup.settings import Settings
 
@@ -55,8 +56,9 @@ def test_main_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.Ca
     stream = tmp_path / "stream.jsonl.xz"
     write_stream([*HAND_STREAM, BenchDoc("g", "holdout", "en", 9, "original", OTHER, 0.6, None, ORIGINAL)], stream)
     out = tmp_path / "quality.json"
-    assert main(["--stream", str(stream), "--json", str(out), "--detail"], Settings()) == 0
+    assert main(["--stream", str(stream), "--json", str(out), "--detail", "--repeat", "2"], Settings()) == 0
     printed = capsys.readouterr().out
+    assert "tune round 2 streamdedup" in printed and "holdout round 2 minhash-0.8" in printed
     for name in PEERS:
         assert name in printed
     results = json.loads(out.read_text())
@@ -73,6 +75,16 @@ def test_main_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.Ca
         fastest = max(row["docs_per_second"] for row in rows if row["system"] != "streamdedup")
         line = next(line for line in printed.splitlines() if line.startswith(f"{split:<8} streamdedup"))
         assert line.endswith(f"{ours / fastest:.1f}x")
+
+
+def test_repeated_runs_keep_the_fastest_time_and_must_agree():
+    docs = HAND_STREAM
+    dropped = np.zeros(len(docs), dtype=bool)
+    assert _best([(2.0, dropped), (1.5, dropped.copy())], "simhash", docs, "tune").seconds == 1.5
+    differing = dropped.copy()
+    differing[0] = True
+    with pytest.raises(RuntimeError, match="different documents"):
+        _best([(2.0, dropped), (1.5, differing)], "simhash", docs, "tune")
 
 
 def test_unknown_system_is_refused():

@@ -1,0 +1,135 @@
+"""A batch's table keys under a plan, sorted once: what lookup, in-batch pairs and insert all read.
+
+Pure numpy and no LMDB, so they can be computed wherever the fingerprints are (a signing worker, while the
+index process decides the previous batch) and handed to the index with the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .plan import IndexPlan, fold, gather_bits, unpack_bits
+
+__all__ = ["TableKeys", "table_keys", "table_rows"]
+
+
+@dataclass(frozen=True)
+class TableKeys:
+    """A batch's rows in every table of ``plan``, each table's row sorted by key: ``rows[t, i]`` is the batch
+    row at sorted position i of table t, with key ``keys[t, i]`` and stored value ``values[t, i]``.
+    ``runs[t, i]`` is true where position i starts a run of equal keys; ``folds`` are the rows' 64-bit folds."""
+
+    plan: IndexPlan
+    rows: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    runs: np.ndarray
+    folds: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.folds)
+
+    @property
+    def unkeyed_zero(self) -> bool:
+        """Segment plans leave an all-zero segment unkeyed: it stands for "too few features", not a value."""
+        return self.plan.kind == "segments"
+
+    def run_ends(self) -> np.ndarray:
+        """(T, n) end (exclusive, within the table) of the run each position belongs to."""
+        tables, n = self.keys.shape
+        starts = np.flatnonzero(self.runs.ravel())
+        ends = np.append(starts[1:], tables * n)
+        flat_end = ends[np.cumsum(self.runs.ravel()) - 1]
+        # A table's last run ends at the table's end, not at the next table's first position.
+        return np.minimum(flat_end.reshape(tables, n) - np.arange(tables)[:, None] * n, n)
+
+    def subset(self, rows: np.ndarray) -> TableKeys:
+        """The keys of batch ``rows`` (ascending) alone, renumbered 0.. in that order: no new sort."""
+        n = len(self)
+        if len(rows) == n:
+            return self
+        renumbered = np.full(n, -1, dtype=np.intp)
+        renumbered[rows] = np.arange(len(rows))
+        mapped = renumbered[self.rows]
+        kept = mapped >= 0
+        shape = (len(self.keys), len(rows))
+        keys = self.keys[kept].reshape(shape)
+        return TableKeys(
+            self.plan, mapped[kept].reshape(shape), keys, self.values[kept].reshape(shape), _runs(keys), self.folds[rows]
+        )
+
+    def pairs(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All (earlier, later, distance) row pairs within the plan's radius that share a key in some table
+        (the same guarantee as the stored tables), sorted by (earlier, later)."""
+        n = len(self)
+        none = np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
+        rows = self.rows.ravel()
+        positions = np.arange(len(rows))
+        # Each position pairs with every later position of its (table, key) run.
+        run_end = self.run_ends().ravel() + np.repeat(np.arange(len(self.keys)) * n, n)
+        later_count = run_end - positions - 1
+        if self.unkeyed_zero:
+            later_count[self.keys.ravel() == 0] = 0
+        total = int(later_count.sum())
+        if not total:
+            return none
+        first = np.repeat(positions, later_count)
+        step = np.arange(total) - np.repeat(np.cumsum(later_count) - later_count, later_count) + 1
+        a, b = rows[first], rows[first + step]
+        # A pair found through several tables counts once: (earlier, later) packed in one word, one sort.
+        pairs = np.unique(np.minimum(a, b).astype(np.uint64) * np.uint64(n) + np.maximum(a, b).astype(np.uint64))
+        earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
+        distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
+        near = distances <= self.plan.radius
+        return earlier[near], later[near], distances[near]
+
+
+def table_keys(plan: IndexPlan, fps: np.ndarray) -> TableKeys:
+    """Every table's keys and values of ``fps`` ((n, plan.bits // 64) uint64), sorted by key per table."""
+    key_matrix, values, folds = _key_matrix(plan, fps)
+    n = len(fps)
+    row_bits = max(1, (n - 1).bit_length())
+    if max(plan.key_bits) + row_bits <= 64:
+        # (key, row) packed in one word: a row-wise plain sort (vectorised in numpy, several times faster
+        # than an argsort) orders every table by key and carries the rows along.
+        packed = np.sort((key_matrix << np.uint64(row_bits)) | np.arange(n, dtype=np.uint64), axis=1)
+        order = (packed & np.uint64((1 << row_bits) - 1)).astype(np.intp)
+        sorted_keys = packed >> np.uint64(row_bits)
+    else:
+        order = np.argsort(key_matrix, axis=1)
+        sorted_keys = np.take_along_axis(key_matrix, order, axis=1)
+    sorted_values = folds[order] if values is None else np.take_along_axis(values, order, axis=1)
+    return TableKeys(plan, order, sorted_keys, sorted_values, _runs(sorted_keys), folds)
+
+
+def table_rows(plan: IndexPlan, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unsorted (tables, n) keys and values of ``fps``, and their folds (what removal deletes)."""
+    keys, values, folds = _key_matrix(plan, fps)
+    return keys, np.broadcast_to(folds, keys.shape) if values is None else values, folds
+
+
+def _key_matrix(plan: IndexPlan, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """Keys as right-aligned uint64 (tables, n) and each table's values likewise (None: the folds are the
+    values, as on fingerprints wider than 64 bits); plus the folds."""
+    folds = fold(fps)
+    size = plan.bits // len(plan.tables)
+    if plan.kind == "segments" and 64 % size == 0:
+        # Segments tile the words in order: one shift-and-mask over every word gives every table's keys.
+        shifts = np.arange(64 // size - 1, -1, -1, dtype=np.uint64) * np.uint64(size)
+        mask = np.uint64(2**size - 1)
+        keys = ((fps[:, :, None] >> shifts) & mask).reshape(len(fps), len(plan.tables)).T
+    else:
+        shared = unpack_bits(fps) if plan.kind == "sampled" else None
+        keys = np.array([gather_bits(fps, key, shared) for key in plan.tables], dtype=np.uint64).reshape(len(plan.tables), len(fps))
+    if plan.bits > 64:
+        return keys, None, folds
+    values = np.array([gather_bits(fps, plan.value_bits(t)) for t in range(len(keys))], dtype=np.uint64)
+    return keys, values.reshape(len(keys), len(fps)), folds
+
+
+def _runs(sorted_keys: np.ndarray) -> np.ndarray:
+    runs = np.ones(sorted_keys.shape, dtype=bool)
+    runs[:, 1:] = sorted_keys[:, 1:] != sorted_keys[:, :-1]
+    return runs

@@ -1,0 +1,81 @@
+"""A batch's table keys: a subset keeps exactly the keys the subset's own sort gives; near pairs follow the plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamdedup.index import SegmentIndex, make_plan, table_keys
+from streamdedup.index.plan import IndexPlan, make_segment_plan
+from tests.index.test_segment import _clustered
+
+PLANS = {
+    "exact-64": make_plan(64, 3, 100_000),
+    "sampled-256": make_plan(256, 40, 100_000),
+    "segments-512": make_segment_plan(512, 16),
+}
+
+
+def _fingerprints(plan: IndexPlan, n: int, rng: np.random.Generator) -> np.ndarray:
+    fps = _clustered(n, plan.bits // 64, 4, rng)
+    if plan.kind == "segments":
+        # Some all-zero (unkeyed) segments, as texts with few features give.
+        size = plan.bits // len(plan.tables)
+        zeroed = rng.random((n, len(plan.tables))) < 0.2
+        for segment in range(len(plan.tables)):
+            word, slot = divmod(segment, 64 // size)
+            fps[zeroed[:, segment], word] &= ~np.uint64(((1 << size) - 1) << (64 - size * (slot + 1)))
+    return fps
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_a_subset_of_the_keys_equals_keying_the_subset(name: str) -> None:
+    plan = PLANS[name]
+    rng = np.random.default_rng(7)
+    fps = _fingerprints(plan, 700, rng)
+    rows = np.flatnonzero(rng.random(len(fps)) < 0.6)
+    whole, direct = table_keys(plan, fps).subset(rows), table_keys(plan, fps[rows])
+    assert len(whole) == len(rows)
+    for field in ("keys", "values", "runs", "folds"):
+        assert np.array_equal(getattr(whole, field), getattr(direct, field)), field
+    # Rows of equal keys may come in another order; each table must hold the same (key, row) pairs.
+    for table in range(len(plan.tables)):
+        assert sorted(zip(whole.keys[table].tolist(), whole.rows[table].tolist())) == sorted(
+            zip(direct.keys[table].tolist(), direct.rows[table].tolist())
+        )
+    assert np.array_equal(np.sort(whole.rows, axis=1), np.tile(np.arange(len(rows)), (len(plan.tables), 1)))
+    everything = table_keys(plan, fps)
+    assert everything.subset(np.arange(len(fps))) is everything
+
+
+@pytest.mark.parametrize("name", ["exact-64", "segments-512"])
+def test_pairs_are_the_rows_within_the_radius_that_share_a_key(name: str) -> None:
+    plan = PLANS[name]
+    fps = _fingerprints(plan, 400, np.random.default_rng(11))
+    earlier, later, distances = table_keys(plan, fps).pairs(fps)
+    keys = table_keys(plan, fps)
+    unsorted_keys = np.empty_like(keys.keys)
+    np.put_along_axis(unsorted_keys, keys.rows, keys.keys, axis=1)
+    shares = (unsorted_keys[:, :, None] == unsorted_keys[:, None, :]) & (
+        (unsorted_keys[:, :, None] != 0) if plan.kind == "segments" else True
+    )
+    distance = np.bitwise_count(fps[:, None, :] ^ fps[None, :, :]).sum(axis=2)
+    expected = np.argwhere(np.triu(shares.any(axis=0) & (distance <= plan.radius), k=1))
+    assert len(expected) > 50
+    assert np.array_equal(np.stack([earlier, later], axis=1), expected)
+    assert distances.tolist() == distance[earlier, later].tolist()
+
+
+def test_the_index_refuses_keys_of_another_plan(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    fps = _fingerprints(PLANS["exact-64"], 50, rng)
+    with SegmentIndex(tmp_path / "idx", bits=64, radius=3, expected_entries=100_000) as index:
+        other = make_plan(64, 2, 100_000)
+        with pytest.raises(ValueError, match="of another plan"):
+            index.search(fps, keys=table_keys(other, fps))
+        with pytest.raises(ValueError, match="do not fit"):
+            index.add([str(i) for i in range(10)], fps[:10], keys=table_keys(index.plan, fps))
+        index.add([str(i) for i in range(50)], fps, keys=table_keys(index.plan, fps))
+        assert index.search(fps[:5], keys=table_keys(index.plan, fps[:5])).rows.tolist() == index.search(fps[:5]).rows.tolist()
