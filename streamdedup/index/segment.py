@@ -29,6 +29,7 @@ import time as wallclock
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,6 +53,7 @@ _META_COUNT = b"count"
 _META_CLOCK = b"clock"
 _META_NEXT_TOPIC = b"next_topic"
 _U64 = np.dtype(">u8")
+_ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
 _T = TypeVar("_T")
 
 
@@ -73,14 +75,26 @@ class SearchResult:
 
 @dataclass(frozen=True)
 class EntryRecords:
-    """Stored entries in bulk, in the order asked for (entry keys that no longer exist are skipped)."""
+    """Stored entries in bulk, in the order asked for (entry keys that no longer exist are skipped).
+    ``origin_rows`` holds each entry's (topic id, partition, offset), named by ``topic_names``."""
 
     entries: np.ndarray
     ids: list[str]
     fingerprints: np.ndarray
     times: np.ndarray
     payloads: np.ndarray
-    origins: list[tuple[str, int, int] | None]
+    origin_rows: np.ndarray
+    topic_names: Mapping[int, str]
+
+    @cached_property
+    def origins(self) -> list[tuple[str, int, int] | None]:
+        """Each entry's (topic, partition, offset), None for entries stored without one. Built on first use:
+        lookups read thousands of records and need none of them."""
+        rows = self.origin_rows
+        return [
+            None if t == NO_TOPIC else (self.topic_names[t], p, o)
+            for t, p, o in zip(rows["topic"].tolist(), rows["partition"].tolist(), rows["offset"].tolist())
+        ]
 
 
 def _seq_bytes(seqs: np.ndarray) -> list[bytes]:
@@ -480,7 +494,8 @@ class SegmentIndex:
         with txn.cursor(self._entries) as cursor:
             found = cursor.getmulti(_seq_bytes(seqs))
         size = self._record.itemsize
-        entries = np.frombuffer(b"".join(k for k, _ in found), dtype=_U64).astype(np.uint64)
+        # Every key found (the usual case): the entries are the keys asked for.
+        entries = seqs if len(found) == len(seqs) else np.frombuffer(b"".join(k for k, _ in found), dtype=_U64).astype(np.uint64)
         head = np.frombuffer(b"".join(v[:size] for _, v in found), dtype=self._record)
         return entries, head, [v[size:].decode() for _, v in found]
 
@@ -488,17 +503,16 @@ class SegmentIndex:
         """Records of the given entry keys, sorted by key (missing keys skipped)."""
         entries, head, ids = self._fetch(txn, seqs)
         topics = self._topic_names(txn) if len(head) and (head["topic"] != NO_TOPIC).any() else {}
-        origins = [
-            None if t == NO_TOPIC else (topics[t], int(p), int(o))
-            for t, p, o in zip(head["topic"].tolist(), head["partition"].tolist(), head["offset"].tolist())
-        ]
+        origin_rows = np.empty(len(head), dtype=_ORIGIN)
+        origin_rows["topic"], origin_rows["partition"], origin_rows["offset"] = head["topic"], head["partition"], head["offset"]
         return EntryRecords(
             entries,
             ids,
             head["fp"].reshape(len(head), self.words).astype(np.uint64),
             head["time"].astype(np.float64),
             head["payload"].reshape(len(head), self.payload_bytes).copy(),
-            origins,
+            origin_rows,
+            topics,
         )
 
     def _topic_names(self, txn: Any) -> dict[int, str]:
@@ -1061,5 +1075,6 @@ def _reorder(records: EntryRecords, order: np.ndarray) -> EntryRecords:
         records.fingerprints[order],
         records.times[order],
         records.payloads[order],
-        [records.origins[i] for i in order.tolist()],
+        records.origin_rows[order],
+        records.topic_names,
     )

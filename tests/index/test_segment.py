@@ -416,12 +416,16 @@ def test_search_entries_returns_the_records_row_for_row(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     fps = rng.integers(0, 2**64 - 1, size=(50, 2), dtype=np.uint64, endpoint=True)
     with SegmentIndex(tmp_path / "idx", 128, 3, payload_bytes=2) as index:
-        index.add([f"e{i}" for i in range(50)], fps, times=np.arange(50.0), payloads=[bytes([i, 7]) for i in range(50)])
-        queries = fps[[3, 9, 9]].copy()
+        origins = [("topic-a", 0, i) if i % 2 else None for i in range(50)]
+        index.add([f"e{i}" for i in range(50)], fps, times=np.arange(50.0), payloads=[bytes([i, 7]) for i in range(50)], origins=origins)
+        queries = fps[[3, 9, 9, 4]].copy()
         queries[:, 0] ^= np.uint64(3)
-        result, records = index.search_entries(queries)
+        result, records = index.search_entries(queries[:3])
         assert result.rows.tolist() == [0, 1, 2]
         assert records.ids == ["e3", "e9", "e9"]
+        assert records.origins == [("topic-a", 0, 3), ("topic-a", 0, 9), ("topic-a", 0, 9)]
+        assert index.search_entries(queries[3:])[1].origins == [None]
+        queries = queries[:3]
         assert records.times.tolist() == [3.0, 9.0, 9.0]
         assert records.payloads.tolist() == [[3, 7], [9, 7], [9, 7]]
         assert [[(i, d)] for i, d in zip(records.ids, result.distances.tolist())] == index.query(queries)
