@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from .names import (
     DEAD_LETTER_EMPTY_TEXT,
@@ -27,10 +27,10 @@ __all__ = ["DeadLetter", "Document", "DocumentDecoder"]
 _MISSING = object()
 
 
-@dataclass(frozen=True, slots=True)
-class Document:
+class Document(NamedTuple):
     """One document to deduplicate. ``time`` is its event time (epoch seconds); ``origin`` its source
-    (topic, partition, offset) when it came from Kafka."""
+    (topic, partition, offset) when it came from Kafka. A named tuple: immutable, and several times cheaper
+    to build than a frozen dataclass, which counts at one per record."""
 
     id: str
     text: str
