@@ -10,6 +10,7 @@ import numpy as np
 
 from .decide import Deduplicator, Verdict
 from .document import Document
+from .fingerprint import fingerprint_hex
 from .offline import open_index
 from .settings import Settings
 
@@ -42,19 +43,18 @@ def explain(text_a: str, text_b: str, settings: Settings) -> Explanation:
     with tempfile.TemporaryDirectory(prefix="streamdedup-explain-") as work, open_index(settings, Path(work)) as index:
         dedup = Deduplicator(settings, index)
         batch = dedup.signer.fingerprinter.fingerprint_batch([text_a, text_b])
-        sketches = dedup.signer.sign_batch(batch).sketches
-        _, verdict_b = dedup.decide([Document("a", text_a, 0.0, None), Document("b", text_b, 0.0, None)])
-    fps = batch.fingerprints
+        signatures = dedup.signer.sign_batch(batch)
+        docs = [Document("a", text_a, 0.0, None), Document("b", text_b, 0.0, None)]
+        _, verdict_b = dedup.decide(docs, signatures=signatures)
+    fps, sketches = signatures.fingerprints, signatures.sketches
     distance = int(np.bitwise_count(fps[0] ^ fps[1]).sum())
     jaccard = float(dedup.sketcher.jaccard(sketches[:1], sketches[1:])[0])
+    hex_a, hex_b = fingerprint_hex(fps)
     return Explanation(
         normalized=(batch.normalized[0], batch.normalized[1]),
-        fingerprints=(_hex(fps[0]), _hex(fps[1])),
+        fingerprints=(hex_a, hex_b),
         distance=distance,
         estimated_jaccard=jaccard,
         verdict=verdict_b,
     )
 
-
-def _hex(words: np.ndarray) -> str:
-    return "".join(f"{int(word):016x}" for word in words)

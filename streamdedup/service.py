@@ -3,9 +3,10 @@
 One batch: ``getmany`` -> decode -> sign (fingerprint and sketch, in the ``SignerPool`` worker processes) ->
 ``Deduplicator.decide`` in the ``DecisionProcess`` (one LMDB transaction: the kept fingerprints and the input
 offsets after the batch) -> one Kafka transaction (novel records, duplicates, dead letters and the input
-offsets) -> commit. This process keeps only the Kafka side, so aiokafka and the decision core each have a core. LMDB commits first, so the index is never behind Kafka; when Kafka did not commit
-(crash, outage), start-up and every new assignment roll the index back to the Kafka-committed offsets and the
-batch is replayed with the same verdicts. Batch N+1 is decided while batch N's transaction commits and the
+offsets) -> commit. This process keeps only the Kafka side, so aiokafka and the decision core each have a
+core. LMDB commits first, so the index is never behind Kafka; when Kafka did not commit (crash, outage),
+start-up and every new assignment roll the index back to the Kafka-committed offsets and the batch is
+replayed with the same verdicts. Batch N+1 is decided while batch N's transaction commits and the
 workers sign batch N+2 when it is already fetched: the three stages use both cores.
 
 One instance must own every input partition (the index is local to it). A partial assignment means another

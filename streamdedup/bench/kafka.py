@@ -65,7 +65,9 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
     await _produce(bootstrap, input_topic, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
 
     passthrough = await _passthrough_throughput(settings, bootstrap, input_topic, pass_out, args.messages)
-    service, stages = await _service_throughput(settings, bootstrap, input_topic, svc_out, args.messages, work / "index-1")
+    service, stages = await _service_throughput(
+        settings, bootstrap, input_topic, svc_out, args.messages, work / "index-1"
+    )
 
     latency_in, lat_pass_out, latency_in2, lat_svc_out = await _topics(
         bootstrap, "latency-pass-in", "latency-pass-out", "latency-svc-in", "latency-svc-out"

@@ -77,13 +77,8 @@ def streamdedup_drops(docs: Sequence[BenchDoc], settings: Settings, pool: Signer
     stream in order; with ``pool``, its workers sign (else the configured workers are started here)."""
     dropped = np.zeros(len(docs), dtype=bool)
     batch_size = settings.dedup.batch_size
-    batches = (
-        (
-            start,
-            [Document(doc.id, doc.text, START_TIME + start + offset) for offset, doc in enumerate(docs[start : start + batch_size])],
-        )
-        for start in range(0, len(docs), batch_size)
-    )
+    documents = [Document(doc.id, doc.text, START_TIME + position) for position, doc in enumerate(docs)]
+    batches = ((start, documents[start : start + batch_size]) for start in range(0, len(docs), batch_size))
     with tempfile.TemporaryDirectory(prefix="streamdedup-bench-quality-") as folder:
         with (
             open_index(settings, Path(folder) / "index", durable=False) as index,

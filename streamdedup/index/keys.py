@@ -56,9 +56,8 @@ class TableKeys:
         kept = mapped >= 0
         shape = (len(self.keys), len(rows))
         keys = self.keys[kept].reshape(shape)
-        return TableKeys(
-            self.plan, mapped[kept].reshape(shape), keys, self.values[kept].reshape(shape), _runs(keys), self.folds[rows]
-        )
+        values = self.values[kept].reshape(shape)
+        return TableKeys(self.plan, mapped[kept].reshape(shape), keys, values, _runs(keys), self.folds[rows])
 
     def pairs(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All (earlier, later, distance) row pairs within the plan's radius that share a key in some table
@@ -122,7 +121,8 @@ def _key_matrix(plan: IndexPlan, fps: np.ndarray) -> tuple[np.ndarray, np.ndarra
         keys = ((fps[:, :, None] >> shifts) & mask).reshape(len(fps), len(plan.tables)).T
     else:
         shared = unpack_bits(fps) if plan.kind == "sampled" else None
-        keys = np.array([gather_bits(fps, key, shared) for key in plan.tables], dtype=np.uint64).reshape(len(plan.tables), len(fps))
+        keys = np.array([gather_bits(fps, key, shared) for key in plan.tables], dtype=np.uint64)
+        keys = keys.reshape(len(plan.tables), len(fps))
     if plan.bits > 64:
         return keys, None, folds
     values = np.array([gather_bits(fps, plan.value_bits(t)) for t in range(len(keys))], dtype=np.uint64)

@@ -207,7 +207,8 @@ class SegmentIndex:
         """The index an ``index:`` config section describes (at ``settings.path`` unless ``path`` is given);
         ``segments`` > 1 (a segmented fingerprint) takes one table per segment."""
         # Classic plans are left to the constructor, which keeps an existing index's planning size.
-        plan = planned(settings, bits=bits, segments=segments) if segments > 1 and not readonly and bits is not None else None
+        segmented = segments > 1 and not readonly and bits is not None
+        plan = planned(settings, bits=bits, segments=segments) if segmented else None
         radius = None if readonly else (bits if settings.radius is None else settings.radius)
         return cls(
             settings.path if path is None else path,
@@ -495,7 +496,10 @@ class SegmentIndex:
             found = cursor.getmulti(_seq_bytes(seqs))
         size = self._record.itemsize
         # Every key found (the usual case): the entries are the keys asked for.
-        entries = seqs if len(found) == len(seqs) else np.frombuffer(b"".join(k for k, _ in found), dtype=_U64).astype(np.uint64)
+        if len(found) == len(seqs):
+            entries = seqs
+        else:
+            entries = np.frombuffer(b"".join(k for k, _ in found), dtype=_U64).astype(np.uint64)
         head = np.frombuffer(b"".join(v[:size] for _, v in found), dtype=self._record)
         return entries, head, [v[size:].decode() for _, v in found]
 
@@ -504,7 +508,8 @@ class SegmentIndex:
         entries, head, ids = self._fetch(txn, seqs)
         topics = self._topic_names(txn) if len(head) and (head["topic"] != NO_TOPIC).any() else {}
         origin_rows = np.empty(len(head), dtype=_ORIGIN)
-        origin_rows["topic"], origin_rows["partition"], origin_rows["offset"] = head["topic"], head["partition"], head["offset"]
+        for name in ("topic", "partition", "offset"):
+            origin_rows[name] = head[name]
         return EntryRecords(
             entries,
             ids,
@@ -795,7 +800,9 @@ class SegmentIndex:
         self._add_in(txn, _subset(batch, keep), source_offsets)
         return matches
 
-    def batch_pairs(self, fps: np.ndarray, *, keys: TableKeys | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def batch_pairs(
+        self, fps: np.ndarray, *, keys: TableKeys | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All (earlier, later, distance) row pairs of one batch within the radius, found through the plan's
         keys in memory (the same guarantee as the stored tables), sorted by (earlier, later)."""
         fps = self._check_fps(fps)
