@@ -32,6 +32,7 @@ __all__ = [
     "INDEX_DB_META",
     "INDEX_DB_ORIGINS",
     "INDEX_DB_SOURCES",
+    "INDEX_DB_STAGED",
     "INDEX_DB_TABLE_PREFIX",
     "INDEX_DB_TIMES",
     "INDEX_DB_TOPICS",
@@ -79,6 +80,8 @@ METRIC_PREFIX = "streamdedup_"
 # LMDB databases of the segment index (streamdedup.index); renaming one orphans existing indexes.
 INDEX_DB_META = "meta"
 INDEX_DB_TABLE_PREFIX = "table-"
+# Table rows waiting to be merged into their table; its name shares the prefix, so it counts as table bytes.
+INDEX_DB_STAGED = "table-staged"
 INDEX_DB_FOLDS = "folds"
 INDEX_DB_ENTRIES = "entries"
 INDEX_DB_IDS = "ids"

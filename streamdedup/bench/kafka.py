@@ -60,26 +60,35 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
     print(f"broker {bootstrap}; {args.messages} messages of {np.mean([len(t) for t in texts]):.0f} chars on average; "
           f"batches of up to {batch} records, one transaction each (both sides)")
 
-    work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
-    input_topic, pass_out, svc_out = await _topics(bootstrap, "input", "passthrough-out", "service-out")
-    await _produce(bootstrap, input_topic, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
+    # Every topic of this run shares the prefix and is deleted at the end, with the index folder: a local
+    # broker that keeps each run's 100k-message topics starts slower every time.
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-kafka-") as work_dir:
+            work = Path(work_dir)
+            input_topic, pass_out, svc_out = await _topics(
+                bootstrap, prefix, "input", "passthrough-out", "service-out"
+            )
+            await _produce(bootstrap, input_topic, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
 
-    passthrough = await _passthrough_throughput(settings, bootstrap, input_topic, pass_out, args.messages)
-    service, stages = await _service_throughput(
-        settings, bootstrap, input_topic, svc_out, args.messages, work / "index-1"
-    )
+            passthrough = await _passthrough_throughput(settings, bootstrap, input_topic, pass_out, args.messages)
+            service, stages = await _service_throughput(
+                settings, bootstrap, input_topic, svc_out, args.messages, work / "index-1"
+            )
 
-    latency_in, lat_pass_out, latency_in2, lat_svc_out = await _topics(
-        bootstrap, "latency-pass-in", "latency-pass-out", "latency-svc-in", "latency-svc-out"
-    )
-    pass_lat = await _latency(
-        bootstrap, latency_in, lat_pass_out, args,
-        lambda stop: _passthrough_loop(settings, bootstrap, latency_in, lat_pass_out, stop, None),
-    )
-    svc_lat = await _latency(
-        bootstrap, latency_in2, lat_svc_out, args,
-        lambda stop: _service_loop(settings, bootstrap, latency_in2, lat_svc_out, work / "index-2", stop),
-    )
+            latency_in, lat_pass_out, latency_in2, lat_svc_out = await _topics(
+                bootstrap, prefix, "latency-pass-in", "latency-pass-out", "latency-svc-in", "latency-svc-out"
+            )
+            pass_lat = await _latency(
+                bootstrap, latency_in, lat_pass_out, args,
+                lambda stop: _passthrough_loop(settings, bootstrap, latency_in, lat_pass_out, stop, None),
+            )
+            svc_lat = await _latency(
+                bootstrap, latency_in2, lat_svc_out, args,
+                lambda stop: _service_loop(settings, bootstrap, latency_in2, lat_svc_out, work / "index-2", stop),
+            )
+    finally:
+        await _delete_topics(bootstrap, prefix)
 
     print()
     print(f"{'':28}{'passthrough':>14}{'streamdedup':>14}{'ratio':>9}")
@@ -277,9 +286,8 @@ async def _read_latencies(bootstrap: str, topic: str, out: list[float], stop: as
 # ---------------------------------------------------------------------------------------------- data
 
 
-async def _topics(bootstrap: str, *names: str) -> list[str]:
-    unique = uuid.uuid4().hex[:8]
-    topics = [f"bench-{unique}-{name}" for name in names]
+async def _topics(bootstrap: str, prefix: str, *names: str) -> list[str]:
+    topics = [f"{prefix}-{name}" for name in names]
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -287,6 +295,18 @@ async def _topics(bootstrap: str, *names: str) -> list[str]:
     finally:
         await admin.close()
     return topics
+
+
+async def _delete_topics(bootstrap: str, prefix: str) -> None:
+    """Delete the run's topics, those the service created for it (dead letters) included."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        doomed = [topic for topic in await admin.list_topics() if topic.startswith(f"{prefix}-")]
+        if doomed:
+            await admin.delete_topics(doomed)
+    finally:
+        await admin.close()
 
 
 async def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:

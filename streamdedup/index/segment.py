@@ -5,6 +5,11 @@ Layout (one LMDB environment, names in ``streamdedup.names``):
 - ``table-<i>`` (dupsort + dupfixed): key = the plan's key bits of the fingerprint, value = the rest of the
   64-bit fold (on 64-bit fingerprints the fingerprint itself minus its key bits), so a bucket reads as one
   packed array and a candidate is checked by one XOR + popcount.
+- ``table-staged``: table rows not yet merged into their table, one packed array per (table, batch). A
+  batch stages its rows and merges one table's staged rows into that table, in turn; lookups read the
+  staged rows from a sorted copy in memory. A random insert dirties a whole B-tree page, which every commit
+  writes out again: inserting a batch into every table rewrote nearly all table pages of a small index per
+  batch, while a merge of many batches into one table rewrites that table's pages once for all of them.
 - ``folds`` (dupsort + dupfixed): fold -> entry sequence numbers (table values name a fold, not an entry,
   which keeps tables at ~8 bytes per entry).
 - ``entries``: sequence (big-endian, monotonic, appended) -> record (fingerprint, event time, origin,
@@ -25,6 +30,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time as wallclock
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -44,7 +50,9 @@ from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bi
 
 __all__ = ["EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex", "planned"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Format 1 had no staged rows: it reads as format 2 with none staged, and is marked 2 when opened to write.
+_READABLE_FORMATS = (1, 2)
 NO_TOPIC = 0xFFFFFFFF
 MAX_ID_KEY_BYTES = 480  # LMDB keys stop at 511 bytes; longer ids are keyed by their BLAKE2b digest.
 _META_FORMAT = b"format"
@@ -52,6 +60,8 @@ _META_NEXT_SEQ = b"next_seq"
 _META_COUNT = b"count"
 _META_CLOCK = b"clock"
 _META_NEXT_TOPIC = b"next_topic"
+_META_STAGED_GENERATION = b"staged_generation"
+_META_NEXT_MERGE = b"next_merge"
 _U64 = np.dtype(">u8")
 _ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
 _T = TypeVar("_T")
@@ -117,6 +127,26 @@ def _bytes_int(rows: np.ndarray) -> np.ndarray:
     return padded.view(_U64).ravel().astype(np.uint64)
 
 
+class _TransactionState(threading.local):
+    """The calling thread's write transaction, as the staged rows see it."""
+
+    writing = False
+    changed = False
+    staged: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+
+def _staged_key(table: int, first_seq: int) -> bytes:
+    """(table, first entry of the batch) big-endian: a table's staged blobs are one key range."""
+    return table.to_bytes(2, "big") + int(first_seq).to_bytes(8, "big")
+
+
+def _expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every index in each [low[i], high[i]), with the i it came from."""
+    counts = high - low
+    owner = np.repeat(np.arange(len(low)), counts)
+    return low[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts), owner
+
+
 def _orderable_time(times: np.ndarray) -> np.ndarray:
     """float64 -> uint64 whose unsigned order is the float order (negative times included)."""
     raw = np.ascontiguousarray(times, dtype=np.float64).view(np.uint64)
@@ -179,6 +209,10 @@ class SegmentIndex:
         self.max_entries = max_entries
         self.readonly = readonly
         self._max_map_size = max_map_size
+        # Staged rows per table as of a generation (keys ascending, values); the write transaction in
+        # progress works on a copy, published here once it commits. Per thread, like LMDB's transactions.
+        self._staged_cache: tuple[int, list[tuple[np.ndarray, np.ndarray]]] | None = None
+        self._txn = _TransactionState()
         if not readonly:
             self.path.mkdir(parents=True, exist_ok=True)
         elif not (self.path / "data.mdb").exists():
@@ -259,8 +293,13 @@ class SegmentIndex:
                 txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=self._meta)
         else:
             fmt = json.loads(stored)
-            if fmt["version"] != FORMAT_VERSION:
-                raise PlanError(f"{self.path}: index format {fmt['version']}, this code reads {FORMAT_VERSION}")
+            if fmt["version"] not in _READABLE_FORMATS:
+                raise PlanError(f"{self.path}: index format {fmt['version']}, this code reads {_READABLE_FORMATS}")
+            if fmt["version"] != FORMAT_VERSION and not self.readonly:
+                # Older code would miss the rows this code stages: mark the index as the new format.
+                fmt["version"] = FORMAT_VERSION
+                with self.env.begin(write=True) as txn:
+                    txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=self._meta)
         self.plan = IndexPlan.from_json(json.dumps(fmt["plan"]))
         self.payload_bytes = int(fmt["payload_bytes"])
         self.time_bucket = float(fmt["time_bucket"])
@@ -299,6 +338,7 @@ class SegmentIndex:
     def _open_dbs(self) -> None:
         fixed = {"dupsort": True, "dupfixed": True}
         self._tables = [self._db(f"{names.INDEX_DB_TABLE_PREFIX}{t}", **fixed) for t in range(len(self.plan.tables))]
+        self._staged_db = self._db(names.INDEX_DB_STAGED)
         self._folds = self._db(names.INDEX_DB_FOLDS, **fixed)
         self._times = self._db(names.INDEX_DB_TIMES)
         self._entries = self._db(names.INDEX_DB_ENTRIES)
@@ -343,10 +383,11 @@ class SegmentIndex:
             raise PermissionError(f"index at {self.path} is open read-only")
         while True:
             try:
-                with _collector_paused():
+                with _collector_paused(), self._staging_transaction():
                     txn = self.env.begin(write=True)
                     try:
                         result = work(txn)
+                        generation = self._bump_staged_generation(txn)
                     except BaseException:
                         txn.abort()
                         raise
@@ -358,6 +399,8 @@ class SegmentIndex:
                         # The commit could not write its pages (disk full, I/O error): LMDB keeps the
                         # previous meta page, so every earlier batch stays intact.
                         raise IndexStorageError(f"batch not stored: {exc}") from exc
+                    if generation is not None and self._txn.staged is not None:
+                        self._staged_cache = (generation, self._txn.staged)
                     return result
             except lmdb.MapFullError:
                 size = self.env.info()["map_size"]
@@ -367,6 +410,130 @@ class SegmentIndex:
                     ) from None
                 grown = size * 2 if self._max_map_size is None else min(size * 2, self._max_map_size)
                 self.env.set_mapsize(grown)
+
+    # ----------------------------------------------------------------- staged table rows
+
+    @contextmanager
+    def _staging_transaction(self) -> Iterator[None]:
+        state = self._txn
+        state.writing, state.staged, state.changed = True, None, False
+        try:
+            yield
+        finally:
+            state.writing, state.staged, state.changed = False, None, False
+
+    def _bump_staged_generation(self, txn: Any) -> int | None:
+        """A new generation number when this transaction changed the staged rows (so that other processes
+        reload them), else None."""
+        if not self._txn.changed:
+            return None
+        generation = self._counter(txn, _META_STAGED_GENERATION) + 1
+        txn.put(_META_STAGED_GENERATION, generation.to_bytes(8, "big"), db=self._meta)
+        return generation
+
+    def _staged(self, txn: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per table, the staged rows as ``txn`` sees them: keys ascending, and their values."""
+        state = self._txn
+        if state.staged is not None:
+            return state.staged
+        generation = self._counter(txn, _META_STAGED_GENERATION)
+        cached = self._staged_cache
+        if cached is None or cached[0] != generation:
+            cached = self._staged_cache = (generation, self._load_staged(txn))
+        if not state.writing:
+            return cached[1]
+        state.staged = list(cached[1])
+        return state.staged
+
+    def _load_staged(self, txn: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+        blobs: list[list[bytes]] = [[] for _ in self._tables]
+        if self._staged_db is not None:
+            with txn.cursor(self._staged_db) as cursor:
+                for key, blob in cursor:
+                    blobs[int.from_bytes(key[:2], "big")].append(blob)
+        staged = []
+        for table, parts in enumerate(blobs):
+            keys, values = self._split_rows(table, b"".join(parts))
+            order = np.argsort(keys, kind="stable")
+            staged.append((keys[order], values[order]))
+        return staged
+
+    def _stage(self, txn: Any, table: int, first_seq: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Stage a batch's rows of one table (keys ascending)."""
+        if not len(keys):
+            return
+        staged = self._staged(txn)  # before the put: a reload from the database must not see this batch
+        txn.put(_staged_key(table, first_seq), self._join_rows(table, keys, values), db=self._staged_db)
+        old_keys, old_values = staged[table]
+        at = np.searchsorted(old_keys, keys, side="right")
+        staged[table] = (np.insert(old_keys, at, keys), np.insert(old_values, at, values))
+        self._txn.changed = True
+
+    def _merge_staged(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Put a table's staged rows and a batch's rows of it into the table, in key order."""
+        staged = self._staged(txn)
+        old_keys, old_values = staged[table]
+        keys, values = np.concatenate([old_keys, keys]), np.concatenate([old_values, values])
+        order = np.argsort(keys, kind="stable")
+        with txn.cursor(self._tables[table]) as cursor:
+            cursor.putmulti(
+                zip(_int_bytes(keys[order], self._key_bytes[table]), _int_bytes(values[order], self._value_bytes[table]))
+            )
+        if len(old_keys):
+            self._unstage(txn, table)
+            staged[table] = (old_keys[:0], old_values[:0])
+            self._txn.changed = True
+
+    def _unstage(self, txn: Any, table: int) -> None:
+        """Delete every staged blob of a table (its rows' keys share the table's prefix)."""
+        prefix = table.to_bytes(2, "big")
+        with txn.cursor(self._staged_db) as cursor:
+            present = cursor.set_range(prefix)
+            while present and cursor.key()[:2] == prefix:
+                present = cursor.delete()
+
+    def _drop_staged(self, txn: Any, table: int, doomed: set[tuple[bytes, bytes]]) -> None:
+        """Remove the staged rows equal to any of the doomed (key, value) pairs of a table."""
+        staged = self._staged(txn)
+        keys, values = staged[table]
+        if not len(keys) or not doomed:
+            return
+        doomed_keys = _bytes_int(np.frombuffer(b"".join(k for k, _ in doomed), np.uint8).reshape(len(doomed), -1))
+        doomed_values = _bytes_int(np.frombuffer(b"".join(v for _, v in doomed), np.uint8).reshape(len(doomed), -1))
+        low = np.searchsorted(keys, doomed_keys, side="left")
+        high = np.searchsorted(keys, doomed_keys, side="right")
+        candidate, doomed_row = _expand_ranges(low, high)
+        gone = candidate[values[candidate] == doomed_values[doomed_row]]
+        if not len(gone):
+            return
+        kept = np.ones(len(keys), dtype=bool)
+        kept[gone] = False
+        staged[table] = (keys[kept], values[kept])
+        self._txn.changed = True
+        # The table's blobs are rewritten as one: removals are rare next to batches staged.
+        self._unstage(txn, table)
+        self._stage_all(txn, table, *staged[table])
+
+    def _stage_all(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
+        if len(keys):
+            txn.put(_staged_key(table, 0), self._join_rows(table, keys, values), db=self._staged_db)
+
+    def _split_rows(self, table: int, raw: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """Packed big-endian (key, value) rows, as getmulti returns a bucket, -> keys and values."""
+        kb, vb = self._key_bytes[table], self._value_bytes[table]
+        if kb + vb == 8:
+            # Key and value fill one big-endian word: split it with a shift and a mask.
+            whole = np.frombuffer(raw, dtype=_U64).astype(np.uint64)
+            return whole >> np.uint64(8 * vb), whole & np.uint64((1 << (8 * vb)) - 1)
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, kb + vb)
+        return _bytes_int(rows[:, :kb]), _bytes_int(rows[:, kb:])
+
+    def _join_rows(self, table: int, keys: np.ndarray, values: np.ndarray) -> bytes:
+        kb, vb = self._key_bytes[table], self._value_bytes[table]
+        rows = np.empty((len(keys), kb + vb), dtype=np.uint8)
+        rows[:, :kb] = np.ascontiguousarray(keys, dtype=_U64).view(np.uint8).reshape(-1, 8)[:, 8 - kb :]
+        rows[:, kb:] = np.ascontiguousarray(values, dtype=_U64).view(np.uint8).reshape(-1, 8)[:, 8 - vb :]
+        return rows.tobytes()
 
     # ----------------------------------------------------------------- encoding
 
@@ -421,6 +588,7 @@ class SegmentIndex:
         radius = self.radius
         batch_keys = self._keys(fps, keys)
         probes = batch_keys.runs & (batch_keys.keys != 0) if batch_keys.unkeyed_zero else batch_keys.runs
+        staged = self._staged(txn)
         found_tables, found_positions, found_values, found_folds = [], [], [], []
         for table, db in enumerate(self._tables):
             kb, vb = self._key_bytes[table], self._value_bytes[table]
@@ -430,15 +598,18 @@ class SegmentIndex:
             probed = batch_keys.keys[table, positions]
             with txn.cursor(db) as cursor:
                 raw = cursor.getmulti(_int_bytes(probed, kb), dupdata=True, dupfixed_bytes=vb, keyfixed=True)
-            if not len(raw):
+            found_keys, stored = self._split_rows(table, raw)
+            staged_keys, staged_values = staged[table]
+            if len(staged_keys):
+                staged_rows, _ = _expand_ranges(
+                    np.searchsorted(staged_keys, probed, side="left"),
+                    np.searchsorted(staged_keys, probed, side="right"),
+                )
+                if len(staged_rows):
+                    found_keys = np.concatenate([found_keys, staged_keys[staged_rows]])
+                    stored = np.concatenate([stored, staged_values[staged_rows]])
+            if not len(stored):
                 continue
-            if kb + vb == 8:
-                # Key and value fill one big-endian word: split it with a shift and a mask.
-                whole = np.frombuffer(raw, dtype=_U64).astype(np.uint64)
-                found_keys, stored = whole >> np.uint64(8 * vb), whole & np.uint64((1 << (8 * vb)) - 1)
-            else:
-                rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, kb + vb)
-                found_keys, stored = _bytes_int(rows[:, :kb]), _bytes_int(rows[:, kb:])
             found_tables.append(np.full(len(stored), table))
             found_positions.append(positions[np.searchsorted(probed, found_keys)])
             found_values.append(stored)
@@ -729,13 +900,18 @@ class SegmentIndex:
         order = np.argsort(folds)
         with txn.cursor(self._folds) as cursor:
             cursor.putmulti(zip(_seq_bytes(folds[order]), _seq_bytes(seqs[order])))
-        for table, db in enumerate(self._tables):
+        # Rows are staged; one table in turn takes its staged rows and this batch's (see the module docstring).
+        merged = self._counter(txn, _META_NEXT_MERGE) % len(self._tables)
+        for table in range(len(self._tables)):
             keys, values = batch_keys.keys[table], batch_keys.values[table]
-            wanted = keys != 0 if batch_keys.unkeyed_zero else slice(None)
-            with txn.cursor(db) as cursor:
-                cursor.putmulti(
-                    zip(_int_bytes(keys[wanted], self._key_bytes[table]), _int_bytes(values[wanted], self._value_bytes[table]))
-                )
+            if batch_keys.unkeyed_zero:
+                wanted = keys != 0
+                keys, values = keys[wanted], values[wanted]
+            if table == merged:
+                self._merge_staged(txn, table, keys, values)
+            else:
+                self._stage(txn, table, first_seq, keys, values)
+        txn.put(_META_NEXT_MERGE, (merged + 1).to_bytes(8, "big"), db=self._meta)
         # One row per (time bucket, batch): the batch's entry keys in that bucket as (start, stop) runs.
         buckets = self._buckets(times)
         order = np.argsort(buckets, kind="stable")
@@ -890,8 +1066,10 @@ class SegmentIndex:
             for table in range(len(self._tables)):
                 kept[table] = set(zip(self._key_list(table, s_keys), self._value_list(table, s_values)))
         for table, db in enumerate(self._tables):
-            for pair in set(zip(self._key_list(table, keys), self._value_list(table, values))) - kept[table]:
+            doomed = set(zip(self._key_list(table, keys), self._value_list(table, values))) - kept[table]
+            for pair in doomed:
                 txn.delete(pair[0], pair[1], db=db)
+            self._drop_staged(txn, table, doomed)
         txn.put(_META_COUNT, (self._counter(txn, _META_COUNT) - n).to_bytes(8, "big"), db=self._meta)
         return n
 
@@ -948,6 +1126,7 @@ class SegmentIndex:
     def _named_dbs(self) -> list[tuple[str, Any]]:
         dbs = [(f"{names.INDEX_DB_TABLE_PREFIX}{t}", db) for t, db in enumerate(self._tables)]
         dbs += [
+            (names.INDEX_DB_STAGED, self._staged_db),
             (names.INDEX_DB_FOLDS, self._folds),
             (names.INDEX_DB_ENTRIES, self._entries),
             (names.INDEX_DB_IDS, self._ids),

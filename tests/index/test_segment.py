@@ -101,6 +101,46 @@ def test_exact_plans_return_exactly_the_brute_force_answer(
             )
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    width=st.sampled_from([64, 128]),
+    batches=st.integers(1, 14),
+    removals=st.integers(0, 12),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_staged_and_merged_rows_answer_exactly_across_batches_removals_and_reopening(
+    width: int, batches: int, removals: int, seed: int
+) -> None:
+    # Rows are staged and merged into one table per batch: more batches than tables, removals of staged and of
+    # merged rows alike, a reader and a reopened index must all give the brute-force answer.
+    radius = RADII[width] // 2
+    words = width // 64
+    rng = np.random.default_rng(seed)
+    n = 30 * batches
+    stored = _clustered(n, words, radius, rng)
+    ids = [f"doc{i}" for i in range(n)]
+    queries = np.concatenate([_flip(stored[rng.integers(0, n, 30)], rng.integers(0, radius + 2, 30), rng), _random(5, words, rng)])
+    live: list[int] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with SegmentIndex(tmp, width, radius, expected_entries=1000) as index:
+            for part in np.array_split(np.arange(n), batches):
+                index.add([ids[i] for i in part], stored[part])
+                live.extend(part.tolist())
+                doomed = set(rng.choice(live, size=min(removals, len(live)), replace=False).tolist())
+                assert index.remove([ids[i] for i in doomed]) == len(doomed)
+                live = [i for i in live if i not in doomed]
+            expected = _brute(stored[live], [ids[i] for i in live], queries, radius)
+            assert index.query(queries) == expected
+        with SegmentIndex(tmp, None, None, payload_bytes=None, readonly=True) as reader:
+            assert reader.query(queries) == expected
+        with SegmentIndex(tmp, width, radius) as reopened:
+            assert reopened.query(queries) == expected
+            reopened.remove([ids[i] for i in live])
+            # Removing every entry removes every table row, staged or merged: nothing is left behind.
+            assert reopened.stats()["table_bytes"] == 0
+            assert reopened.query(queries) == [[] for _ in queries]
+
+
 @pytest.mark.parametrize("distance", [6, 10, 14])
 def test_sampled_plan_recall_measured_through_the_index_matches_the_computed_recall(
     tmp_path: Path, distance: int
@@ -364,6 +404,40 @@ def test_stats_from_another_process_while_a_writer_runs(tmp_path: Path) -> None:
         writer.communicate(timeout=30)
     assert seen == sorted(seen) and seen[-1] > seen[0]
     _check_committed(path, log)
+
+
+_WRITE_STEP = """
+import sys
+import numpy as np
+from streamdedup.index import SegmentIndex
+rng = np.random.default_rng(int(sys.argv[2]))
+with SegmentIndex(sys.argv[1], 64, 3, expected_entries=1000) as index:
+    index.add([f"s{sys.argv[2]}-{i}" for i in range(50)], rng.integers(0, 2**63, size=(50, 1), dtype=np.uint64))
+    index.remove(sys.argv[3:])
+"""
+
+
+def test_a_long_lived_reader_sees_what_another_process_stages_merges_and_removes(tmp_path: Path) -> None:
+    def write_step(step: int, *removed: str) -> np.ndarray:
+        subprocess.run([sys.executable, "-c", _WRITE_STEP, str(tmp_path), str(step), *removed], check=True, cwd=ROOT, timeout=120)
+        return np.random.default_rng(step).integers(0, 2**63, size=(50, 1), dtype=np.uint64)
+
+    first = write_step(1)
+    with SegmentIndex(tmp_path, None, None, payload_bytes=None, readonly=True) as reader:
+        assert reader.query(first[:2]) == [[("s1-0", 0)], [("s1-1", 0)]]
+        # Each later step stages its batch and merges one table; the reader opened before them sees each.
+        tables = reader.plan.tables
+        for step in range(2, 7):
+            fps = write_step(step, f"s1-{step}")
+            # Three bits off, one in every table's key but table t's: found through table t alone, whether
+            # its rows are staged or merged.
+            for t in range(len(tables)):
+                near = fps[:1].copy()
+                for other in (u for u in range(len(tables)) if u != t):
+                    near[0, 0] ^= np.uint64(1 << (63 - tables[other][0]))
+                assert reader.query(near) == [[(f"s{step}-0", 3)]], (step, t)
+            assert reader.query(first[step : step + 1]) == [[]]
+        assert len(reader) == 50 * 6 - 5
 
 
 # --- segment plans (segmented fingerprints) -----------------------------------------------------------------

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from streamdedup.bench.kafka import main
+from streamdedup.settings import Settings
+
+
+async def _topics(bootstrap: str) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+def test_bench_reports_both_sides_and_deletes_its_topics(kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]):
+    before = asyncio.run(_topics(kafka_bootstrap))
+    options = ["--messages", "1500", "--rate", "300", "--latency-seconds", "1", "--bootstrap", kafka_bootstrap]
+    assert main(options, Settings()) == 0
+    out = capsys.readouterr().out
+    throughput = re.search(r"throughput \(msg/s\)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)", out)
+    assert throughput, out
+    passthrough, service, ratio = (float(group.replace(",", "")) for group in throughput.groups())
+    assert passthrough > 0 and service > 0
+    assert ratio == pytest.approx(service / passthrough, abs=0.006)
+    assert re.search(r"latency p99 \(ms\)\s+\d+\.\d\s+\d+\.\d", out), out
+    leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
+    assert leftover == set()
