@@ -140,6 +140,16 @@ def _staged_key(table: int, first_seq: int) -> bytes:
     return table.to_bytes(2, "big") + int(first_seq).to_bytes(8, "big")
 
 
+def _bucket_owners(found_keys: np.ndarray, probed: np.ndarray) -> np.ndarray:
+    """Index in ``probed`` (ascending, distinct) of each found row's key, the rows coming as getmulti returns
+    them: each probed key's bucket whole, in key order. One search per bucket, not per row."""
+    if not len(found_keys):
+        return np.zeros(0, dtype=np.intp)
+    starts = np.flatnonzero(np.concatenate(([True], found_keys[1:] != found_keys[:-1])))
+    sizes = np.diff(np.append(starts, len(found_keys)))
+    return np.repeat(np.searchsorted(probed, found_keys[starts]), sizes)
+
+
 def _expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every index in each [low[i], high[i]), with the i it came from."""
     counts = high - low
@@ -589,7 +599,8 @@ class SegmentIndex:
         batch_keys = self._keys(fps, keys)
         probes = batch_keys.runs & (batch_keys.keys != 0) if batch_keys.unkeyed_zero else batch_keys.runs
         staged = self._staged(txn)
-        found_tables, found_positions, found_values, found_folds = [], [], [], []
+        run_ends = None
+        near_rows, near_folds = [], []
         for table, db in enumerate(self._tables):
             kb, vb = self._key_bytes[table], self._value_bytes[table]
             positions = np.flatnonzero(probes[table])
@@ -599,35 +610,35 @@ class SegmentIndex:
             with txn.cursor(db) as cursor:
                 raw = cursor.getmulti(_int_bytes(probed, kb), dupdata=True, dupfixed_bytes=vb, keyfixed=True)
             found_keys, stored = self._split_rows(table, raw)
+            probe_of = _bucket_owners(found_keys, probed)
             staged_keys, staged_values = staged[table]
             if len(staged_keys):
-                staged_rows, _ = _expand_ranges(
+                staged_rows, staged_probe = _expand_ranges(
                     np.searchsorted(staged_keys, probed, side="left"),
                     np.searchsorted(staged_keys, probed, side="right"),
                 )
-                if len(staged_rows):
-                    found_keys = np.concatenate([found_keys, staged_keys[staged_rows]])
-                    stored = np.concatenate([stored, staged_values[staged_rows]])
+                stored = np.concatenate([stored, staged_values[staged_rows]])
+                probe_of = np.concatenate([probe_of, staged_probe])
             if not len(stored):
                 continue
-            found_tables.append(np.full(len(stored), table))
-            found_positions.append(positions[np.searchsorted(probed, found_keys)])
-            found_values.append(stored)
-            found_folds.append(self._folds_from_rows(table, found_keys, stored))
-        if not found_values:
+            found_at = positions[probe_of]
+            # Each stored row pairs with every batch row of its key's run (usually one).
+            run_ends = batch_keys.run_ends() if run_ends is None else run_ends
+            shared = np.flatnonzero(run_ends[table, found_at] - found_at > 1)
+            if len(shared):
+                # Only rows whose key several batch rows share get copies, one per further batch row.
+                more_at, source = _expand_ranges(found_at[shared] + 1, run_ends[table, found_at[shared]])
+                source = shared[source]
+                found_at = np.concatenate([found_at, more_at])
+                stored, probe_of = np.concatenate([stored, stored[source]]), np.concatenate([probe_of, probe_of[source]])
+            # Candidates outside the radius go before anything else is built for them.
+            near = np.bitwise_count(stored ^ batch_keys.values[table, found_at]) <= radius
+            if near.any():
+                near_rows.append(batch_keys.rows[table, found_at[near]])
+                near_folds.append(self._folds_from_rows(table, probed[probe_of[near]], stored[near]))
+        if not near_rows:
             return empty, None
-        tables = np.concatenate(found_tables)
-        positions = np.concatenate(found_positions)
-        # Each stored row pairs with every batch row of its key's run (usually one).
-        run_lengths = batch_keys.run_ends()[tables, positions] - positions
-        found = np.repeat(np.arange(len(tables)), run_lengths)
-        offsets = np.arange(len(found)) - np.repeat(np.cumsum(run_lengths) - run_lengths, run_lengths)
-        tables, positions = tables[found], positions[found] + offsets
-        stored, folds_found = np.concatenate(found_values)[found], np.concatenate(found_folds)[found]
-        near = np.bitwise_count(stored ^ batch_keys.values[tables, positions]) <= radius
-        qi, folds_found = batch_keys.rows[tables[near], positions[near]], folds_found[near]
-        if not len(qi):
-            return empty, None
+        qi, folds_found = np.concatenate(near_rows), np.concatenate(near_folds)
         # A pair found through several tables counts once.
         order = np.lexsort((folds_found, qi))
         qi, folds_found = qi[order], folds_found[order]
