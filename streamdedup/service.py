@@ -363,11 +363,9 @@ class DedupService(Lifecycle):
             if stored.get((tp.topic, tp.partition), 0) < offset
         }
         if behind:
-            log.warning(
-                "the index is behind Kafka's committed offsets for %s (was it replaced or lost?); documents "
-                "in between are not in it, so duplicates of them may be republished",
-                ", ".join(f"{tp.topic}[{tp.partition}]: {behind[tp]} < {committed[tp]}" for tp in sorted(behind)),
-            )
+            self._needs_reconcile = False  # a rebalance during the replay sets it again, and interrupts it
+            if not await self._replay(consumer, behind, committed):
+                return  # the next reconciliation goes on from where the index got to
         removed = await self._decisions.rollback({(tp.topic, tp.partition): offset for tp, offset in committed.items()})
         consumer.seek(committed)
         self._needs_reconcile = False
@@ -378,6 +376,45 @@ class DedupService(Lifecycle):
             removed,
             extra={"committed": {f"{tp.topic}[{tp.partition}]": o for tp, o in sorted(committed.items())}},
         )
+
+    async def _replay(
+        self, consumer: BatchConsumer, behind: Mapping[TopicPartition, int], committed: Mapping[TopicPartition, int]
+    ) -> bool:
+        """Decide again, without publishing, what Kafka says was processed but the index lacks (it was lost,
+        replaced by an older copy, or is new), so that duplicates of those documents are still caught. Each
+        replayed batch advances the index's source offsets in its own transaction, like any batch. False
+        when a rebalance or a stop interrupted it."""
+        assigned = consumer.assignment()
+        log.warning(
+            "the index is behind Kafka's committed offsets for %s (was it replaced or lost?); replaying those "
+            "records into the index, publishing nothing",
+            ", ".join(f"{tp.topic}[{tp.partition}]: {behind[tp]} < {committed[tp]}" for tp in sorted(behind)),
+        )
+        ends = {tp: committed[tp] for tp in behind}
+        consumer.pause(assigned - ends.keys())
+        consumer.seek(behind)
+        replayed = 0
+        try:
+            while ends:
+                if self._stopping.is_set() or self._needs_reconcile or consumer.assignment() != assigned:
+                    return False
+                records = [
+                    record
+                    for record in await consumer.batch()
+                    if record.offset < ends.get(TopicPartition(record.topic, record.partition), -1)
+                ]
+                if records:
+                    await self._decide(self._prepare(records))
+                    replayed += len(records)
+                for tp in list(ends):
+                    # The position, not the last record: transaction markers take offsets too.
+                    if await consumer.position(tp) >= ends[tp]:
+                        consumer.pause([tp])
+                        del ends[tp]
+        finally:
+            consumer.resume(assigned)
+        log.info("replayed %d records into the index", replayed)
+        return True
 
     # ------------------------------------------------------------------ one batch
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -224,6 +225,32 @@ async def test_novel_duplicates_and_dead_letters_end_to_end(
     assert (stats.consumed, stats.published, dict(stats.dead_lettered)) == (7, 3, {"invalid_json": 1, "null_value": 1})
     assert sum(stats.dropped.values()) == 2
     assert await committed_offset(kafka_bootstrap, settings.kafka.group_id, topics.input) == len(stream)
+
+
+async def test_an_index_behind_kafka_is_replayed_and_nothing_is_republished(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    # The index is restored from a copy taken 150 records ago: the service must put those records back into
+    # it, publishing nothing, so that later copies of them are still dropped.
+    stream = synthetic_stream(450, seed=7, bad_every=41)
+    settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=50))
+    for part, copy_after in ((stream[:150], True), (stream[150:300], False)):
+        await kafka_produce(topics.input, part)
+        async with DedupService(settings) as service:
+            await wait_for(lambda: _consumed(service, len(part)), 90, "the part to be processed")
+        if copy_after:
+            shutil.copytree(tmp_path / "index", tmp_path / "backup")
+    shutil.rmtree(tmp_path / "index")
+    shutil.copytree(tmp_path / "backup", tmp_path / "index")
+    await kafka_produce(topics.input, stream[300:])
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, 150), 90, "the last part to be processed")
+        assert service.stats.consumed == 150  # replayed records are not counted as consumed again
+
+    expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=100)
+    assert_same_output(await kafka_consume(topics.output, timeout=60), expected)
+    with open_index(settings, tmp_path / "index") as index:
+        assert index.source_offsets() == {(topics.input, 0): len(stream)}
 
 
 async def _consumed(service: DedupService, n: int) -> bool:

@@ -125,6 +125,11 @@ class BatchConsumer(Lifecycle):
         for tp, offset in offsets.items():
             self.client.seek(tp, offset)
 
+    async def position(self, partition: TopicPartition) -> int:
+        """The offset of the next record this consumer will fetch from ``partition``."""
+        position: int = await self.client.position(partition)
+        return position
+
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         self.client.pause(*partitions)
 
