@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -269,6 +270,40 @@ def test_incompatible_open_is_a_clear_error_and_stored_settings_reopen(tmp_path:
         assert (reader.bits, reader.radius, reader.payload_bytes, len(reader)) == (64, 3, 8, 1)
         with pytest.raises(PermissionError):
             reader.add(["x"], np.array([[1]], dtype=np.uint64))
+
+
+def _format_version(path: Path, set_to: int | None = None) -> int:
+    """The index format version stored in the meta database (first rewritten to ``set_to``, if given)."""
+    env = lmdb.open(str(path), max_dbs=64, subdir=True)
+    try:
+        meta = env.open_db(b"meta")
+        with env.begin(write=True) as txn:
+            stored = json.loads(txn.get(b"format", db=meta))
+            if set_to is not None:
+                stored["version"] = set_to
+                txn.put(b"format", json.dumps(stored, sort_keys=True).encode(), db=meta)
+        return int(stored["version"])
+    finally:
+        env.close()
+
+
+def test_a_format_1_index_is_read_and_upgraded_and_an_unknown_format_is_refused(tmp_path: Path) -> None:
+    # Format 1 had no staged rows; an index without any reads the same under format 2.
+    fps = _random(3, 1, np.random.default_rng(9))
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000):
+        pass
+    _format_version(tmp_path, set_to=1)
+    with SegmentIndex(tmp_path, None, None, payload_bytes=None, readonly=True) as reader:
+        assert len(reader) == 0
+    assert _format_version(tmp_path) == 1  # a reader leaves it alone
+    with SegmentIndex(tmp_path, 64, 3) as index:
+        index.add(["a", "b", "c"], fps)
+    assert _format_version(tmp_path) == 2
+    with SegmentIndex(tmp_path, None, None, payload_bytes=None, readonly=True) as reader:
+        assert reader.query(fps) == [[("a", 0)], [("b", 0)], [("c", 0)]]
+    _format_version(tmp_path, set_to=3)
+    with pytest.raises(PlanError, match="index format 3"):
+        SegmentIndex(tmp_path, 64, 3)
 
 
 def test_bad_input_is_rejected_for_that_batch_only(tmp_path: Path) -> None:
