@@ -267,12 +267,19 @@ async def _latency(
             await producer.flush()
         finally:
             await producer.stop()
-        await asyncio.sleep(3)  # let the tail drain
+        # Let the tail drain: until nothing has arrived for 3 s (a first group join on a new broker can take
+        # longer than the whole phase, so wait for the first output too), within a minute.
+        deadline, seen = time.monotonic() + 60, -1
+        while (len(latencies) != seen or not latencies) and time.monotonic() < deadline:
+            seen = len(latencies)
+            await asyncio.sleep(3)
     finally:
         stop.set()
         await runner
         reader_stop.set()
         await reader
+    if not latencies:
+        raise RuntimeError(f"nothing arrived in {sink} during the latency phase")
     return np.array(latencies)
 
 
