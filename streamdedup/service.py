@@ -404,7 +404,7 @@ class DedupService(Lifecycle):
                     if record.offset < ends.get(TopicPartition(record.topic, record.partition), -1)
                 ]
                 if records:
-                    await self._decide(self._prepare(records))
+                    await self._verdicts(self._prepare(records))
                     replayed += len(records)
                 for tp in list(ends):
                     # The position, not the last record: transaction markers take offsets too.
@@ -443,8 +443,15 @@ class DedupService(Lifecycle):
 
     async def _decide(self, prepared: _Prepared) -> _Decided:
         """Decide (one LMDB transaction) and build what to publish; nothing goes to Kafka here."""
+        verdicts = await self._verdicts(prepared)
+        records = prepared.records
+        outgoing, dropped, dead = self._outgoing(records, prepared.decoded, prepared.documents, verdicts)
+        return _Decided(records, prepared.next_offsets, verdicts, outgoing, dropped, dead, prepared.started)
+
+    async def _verdicts(self, prepared: _Prepared) -> list[Verdict]:
+        """The batch's verdicts, its kept documents and input offsets stored in one LMDB transaction."""
         await self._maintain_index()
-        records, documents, next_offsets = prepared.records, prepared.documents, prepared.next_offsets
+        documents, next_offsets = prepared.documents, prepared.next_offsets
         if documents:
             self._newest_event_time = max(self._newest_event_time, max(doc.time for _, doc in documents))
         docs = [doc for _, doc in documents]
@@ -462,8 +469,7 @@ class DedupService(Lifecycle):
         self.metrics.observe(Stage.FINGERPRINT, signing_seconds + timings.fingerprint)
         # The index stage covers the lookup and the batch's LMDB write transaction.
         self.metrics.observe(Stage.INDEX_LOOKUP, timings.lookup + timings.store)
-        outgoing, dropped, dead = self._outgoing(records, prepared.decoded, documents, verdicts)
-        return _Decided(records, next_offsets, verdicts, outgoing, dropped, dead, prepared.started)
+        return verdicts
 
     async def _publish(self, decided: _Decided, consumer: BatchConsumer, producer: TransactionalProducer) -> None:
         """One Kafka transaction: the batch's records and its input offsets."""

@@ -16,7 +16,8 @@ import random
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -293,27 +294,29 @@ async def _read_latencies(bootstrap: str, topic: str, out: list[float], stop: as
 # ---------------------------------------------------------------------------------------------- data
 
 
-async def _topics(bootstrap: str, prefix: str, *names: str) -> list[str]:
-    topics = [f"{prefix}-{name}" for name in names]
+@asynccontextmanager
+async def _admin(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await ensure_topics(admin, dict.fromkeys(topics, 1))
+        yield admin
     finally:
         await admin.close()
+
+
+async def _topics(bootstrap: str, prefix: str, *names: str) -> list[str]:
+    topics = [f"{prefix}-{name}" for name in names]
+    async with _admin(bootstrap) as admin:
+        await ensure_topics(admin, dict.fromkeys(topics, 1))
     return topics
 
 
 async def _delete_topics(bootstrap: str, prefix: str) -> None:
     """Delete the run's topics, those the service created for it (dead letters) included."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
+    async with _admin(bootstrap) as admin:
         doomed = [topic for topic in await admin.list_topics() if topic.startswith(f"{prefix}-")]
         if doomed:
             await admin.delete_topics(doomed)
-    finally:
-        await admin.close()
 
 
 async def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:

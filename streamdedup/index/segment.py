@@ -111,10 +111,14 @@ def _seq_bytes(seqs: np.ndarray) -> list[bytes]:
     return np.ascontiguousarray(seqs, dtype=_U64).view("V8").tolist()
 
 
+def _int_rows(ints: np.ndarray, width: int) -> np.ndarray:
+    """uint64 -> (n, width) uint8: each one's last ``width`` big-endian bytes (keys and values as LMDB stores
+    them)."""
+    return np.ascontiguousarray(ints, dtype=_U64).view(np.uint8).reshape(-1, 8)[:, 8 - width :]
+
+
 def _int_bytes(ints: np.ndarray, width: int) -> list[bytes]:
-    """uint64 -> its last ``width`` big-endian bytes each (keys and values as LMDB stores them)."""
-    raw = np.ascontiguousarray(ints, dtype=_U64).view(np.uint8).reshape(-1, 8)[:, 8 - width :]
-    return np.ascontiguousarray(raw).view(f"V{width}").ravel().tolist()
+    return np.ascontiguousarray(_int_rows(ints, width)).view(f"V{width}").ravel().tolist()
 
 
 def _bytes_int(rows: np.ndarray) -> np.ndarray:
@@ -522,11 +526,8 @@ class SegmentIndex:
         self._txn.changed = True
         # The table's blobs are rewritten as one: removals are rare next to batches staged.
         self._unstage(txn, table)
-        self._stage_all(txn, table, *staged[table])
-
-    def _stage_all(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
-        if len(keys):
-            txn.put(_staged_key(table, 0), self._join_rows(table, keys, values), db=self._staged_db)
+        if kept.any():
+            txn.put(_staged_key(table, 0), self._join_rows(table, *staged[table]), db=self._staged_db)
 
     def _split_rows(self, table: int, raw: bytes) -> tuple[np.ndarray, np.ndarray]:
         """Packed big-endian (key, value) rows, as getmulti returns a bucket, -> keys and values."""
@@ -539,11 +540,9 @@ class SegmentIndex:
         return _bytes_int(rows[:, :kb]), _bytes_int(rows[:, kb:])
 
     def _join_rows(self, table: int, keys: np.ndarray, values: np.ndarray) -> bytes:
-        kb, vb = self._key_bytes[table], self._value_bytes[table]
-        rows = np.empty((len(keys), kb + vb), dtype=np.uint8)
-        rows[:, :kb] = np.ascontiguousarray(keys, dtype=_U64).view(np.uint8).reshape(-1, 8)[:, 8 - kb :]
-        rows[:, kb:] = np.ascontiguousarray(values, dtype=_U64).view(np.uint8).reshape(-1, 8)[:, 8 - vb :]
-        return rows.tobytes()
+        """The inverse of ``_split_rows``."""
+        key_rows, value_rows = _int_rows(keys, self._key_bytes[table]), _int_rows(values, self._value_bytes[table])
+        return np.hstack([key_rows, value_rows]).tobytes()
 
     # ----------------------------------------------------------------- encoding
 
