@@ -22,11 +22,12 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
 
-from .normalize import NOSPACE, PUNCTUATION, SYMBOL, WORD, CodePointBatch
+from .normalize import BOUNDARY, NOSPACE, PUNCTUATION, SYMBOL, WORD, CodePointBatch
 from .settings import FeatureSettings
 
 __all__ = ["IDENTITY_BITS", "MAX_DOCUMENTS", "FeatureBatch", "FeatureExtractor", "HashName", "mix64"]
@@ -39,10 +40,15 @@ MAX_DOCUMENTS = 1 << (64 - IDENTITY_BITS)
 
 _IDENTITY_SHIFT = np.uint64(64 - IDENTITY_BITS)
 _IDENTITY_MASK = np.uint64((1 << IDENTITY_BITS) - 1)
+_IDENTITY_LIMIT = np.uint64(1 << IDENTITY_BITS)
+# With ``least``, a document's occurrences are first cut to an identity bound expected to leave this many times
+# ``least`` of them: enough that repeated features rarely leave fewer than ``least`` distinct ones.
+_OVERSAMPLE = 4.0
 _SPACE_CODE_POINT = np.uint64(0x20)
 # Odd multiplier of the polynomial hash, so it is invertible modulo 2**64.
 _BASE = 0x9E3779B97F4A7C15
 _BASE_INVERSE = pow(_BASE, -1, 2**64)
+_BASE_64 = np.uint64(_BASE)
 _LENGTH_MIX = np.uint64(0xD6E8FEB86659FD93)
 _HASH_MIX = np.uint64(0x8EBC6AF09C88C6E3)
 _WORD_MIX = np.uint64(0xA0761D6478BD642F)
@@ -119,20 +125,23 @@ def _power_table(base: int, size: int) -> np.ndarray:
 
 
 class _PolynomialText:
-    """Code points with prefix sums of their polynomial hash, for O(1) span hashes."""
+    """Code points with prefix sums of their polynomial hash (built on first use), for O(1) span hashes."""
 
     def __init__(self, code_points: np.ndarray) -> None:
         self.code_points = code_points
-        size = len(code_points) + 1
-        self.powers, self.inverse_powers = _Powers.get(size)
+        self.powers, self.inverse_powers = _Powers.get(len(code_points) + 1)
+
+    @cached_property
+    def prefix(self) -> np.ndarray:
+        size = len(self.code_points) + 1
         prefix = np.empty(size, dtype=np.uint64)
         prefix[0] = 0
         # In place, in the one array: a fresh temporary per step costs more than the arithmetic.
         terms = prefix[1:]
-        terms[:] = code_points
+        terms[:] = self.code_points
         terms *= self.powers[: size - 1]
         np.cumsum(terms, out=terms)
-        self.prefix = prefix
+        return prefix
 
     def span_hashes(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """sum(code_point[j] * BASE**(j - start)) over each span [start, end), modulo 2**64."""
@@ -185,6 +194,54 @@ def _class_runs(classes: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarra
     return edges[::2], edges[1::2]
 
 
+def _owners(positions: np.ndarray, document_starts: np.ndarray) -> np.ndarray:
+    """Document of each of the (ascending) positions: a search per document, not per position."""
+    bounds = np.empty(len(document_starts) + 1, dtype=np.int64)
+    bounds[0], bounds[-1] = 0, len(positions)
+    bounds[1:-1] = np.searchsorted(positions, document_starts[1:])
+    return np.repeat(np.arange(len(document_starts), dtype=np.int64), np.diff(bounds))
+
+
+def _fixed_windows(
+    code_points: np.ndarray, inside: np.ndarray, size: int, short_starts: np.ndarray, short_lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | np.int64]:
+    """Polynomial hash, start and length (one for all when they are equal) of every ``size``-long window of
+    code points that are all ``inside``, in order, then of each given span shorter than ``size``.
+
+    Hashed by Horner's rule over shifted slices of the whole batch: every step reads memory in order, where
+    span hashes from prefix sums gather three times per window.
+    """
+    count = max(len(code_points) - size + 1, 0)
+    whole = inside[:count].copy()
+    for offset in range(1, size):
+        whole &= inside[offset : offset + count]
+    starts = np.flatnonzero(whole)
+    if 4 * len(starts) < count:
+        # Few windows (a script that is a small part of the batch): hash just those, gathering.
+        hashes = code_points[starts + (size - 1)].astype(np.uint64)
+        for offset in range(size - 2, -1, -1):
+            hashes *= _BASE_64
+            hashes += code_points[starts + offset]
+    else:
+        hashes = code_points[size - 1 : size - 1 + count].astype(np.uint64)
+        for offset in range(size - 2, -1, -1):
+            hashes *= _BASE_64
+            hashes += code_points[offset : offset + count]
+        hashes = hashes[starts]
+    if not len(short_starts):
+        return hashes, starts, np.int64(size)
+    short_hashes = np.zeros(len(short_starts), dtype=np.uint64)
+    for offset in range(size - 1):
+        present = offset < short_lengths
+        terms = code_points[short_starts + offset * present].astype(np.uint64) * np.uint64(pow(_BASE, offset, 2**64))
+        short_hashes += np.where(present, terms, np.uint64(0))
+    return (
+        np.concatenate([hashes, short_hashes]),
+        np.concatenate([starts, short_starts]),
+        np.concatenate([np.full(len(starts), size, dtype=np.int64), short_lengths]),
+    )
+
+
 def _windows(
     starts: np.ndarray, ends: np.ndarray, size: int, *, whole_if_shorter: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -204,7 +261,11 @@ def _windows(
 
 
 class FeatureExtractor:
-    """Turns normalised texts into a :class:`FeatureBatch` of hashed, weighted, filtered features."""
+    """Turns normalised texts into a :class:`FeatureBatch` of hashed, weighted, filtered features.
+
+    With ``least`` > 0 each document keeps only its ``least`` distinct features of least identity (all a
+    sampled fingerprint and a bottom-k sketch read), found without sorting all of them.
+    """
 
     def __init__(
         self,
@@ -213,6 +274,7 @@ class FeatureExtractor:
         seed: int = 0,
         *,
         width: int = 64,
+        least: int = 0,
     ) -> None:
         if hash_name not in ("fast", "md5", "shake256"):
             raise ValueError(f"hash must be fast, md5 or shake256, got {hash_name!r}")
@@ -220,7 +282,10 @@ class FeatureExtractor:
             raise ValueError(f"width must be a positive multiple of 64, got {width}")
         if not 0 <= seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+        if least < 0:
+            raise ValueError(f"least must be >= 0, got {least}")
         self.settings = settings or FeatureSettings()
+        self.least = least
         self.hash_name = hash_name
         self.seed = seed
         self.width = width
@@ -262,21 +327,15 @@ class FeatureExtractor:
         identities: list[np.ndarray] = []
         documents: list[np.ndarray] = []
 
-        def add(group: _Group, hashes: np.ndarray, lengths: np.ndarray, owners: np.ndarray) -> None:
+        def add(group: _Group, hashes: np.ndarray, lengths: np.ndarray | np.int64, owners: np.ndarray) -> None:
             groups.append(group)
             identities.append(self._identity(hashes, lengths))
             documents.append(owners)
 
-        def document_of(positions: np.ndarray) -> np.ndarray:
-            """Owner of each of the (ascending) positions: a search per document, not per position."""
-            bounds = np.searchsorted(positions, document_starts[1:])
-            counts = np.diff(bounds, prepend=0, append=len(positions))
-            return np.repeat(np.arange(len(document_starts), dtype=np.int64), counts)
-
-        # Words are the runs of WORD code points (the last code point is always NUL, which closes every run).
-        token_starts, token_ends = _class_runs(classes, WORD)
         word_sizes = self.settings.word_ngrams
         if word_sizes or len(self._excluded):
+            # Words are the runs of WORD code points (the last code point is always NUL, which closes every run).
+            token_starts, token_ends = _class_runs(classes, WORD)
             text = original()
             token_hashes = text.span_hashes(token_starts, token_ends)
             token_lengths = token_ends - token_starts
@@ -285,7 +344,11 @@ class FeatureExtractor:
                 kept = ~np.isin(self._identity(token_hashes, token_lengths), self._excluded)
                 token_starts, token_ends = token_starts[kept], token_ends[kept]
                 token_hashes, token_lengths = token_hashes[kept], token_lengths[kept]
-        token_documents = document_of(token_starts)
+            token_documents = _owners(token_starts, document_starts)
+            wordy = np.bincount(token_documents, minlength=len(batch)) > 0
+        else:
+            # Every document spans at least its closing NUL, so no reduced segment is empty.
+            wordy = np.logical_or.reduceat(classes == WORD, document_starts)
         for size in word_sizes:
             tokens = _Spans(text, token_starts, token_ends)
             if size == 1:
@@ -296,13 +359,20 @@ class FeatureExtractor:
             )
             add(_TokenGrams(tokens, firsts, gram_sizes), hashes, gram_lengths, token_documents[firsts])
 
-        nospace_documents = np.empty(0, dtype=np.int64)
         nospace_starts, nospace_ends = _class_runs(classes, NOSPACE)
         if len(nospace_starts):
-            starts, ends, _ = _windows(nospace_starts, nospace_ends, self.settings.cjk_char_ngram)
-            nospace_documents = document_of(starts)
-            text = original()
-            add(_Spans(text, starts, ends), text.span_hashes(starts, ends), ends - starts, nospace_documents)
+            size = self.settings.cjk_char_ngram
+            run_lengths = nospace_ends - nospace_starts
+            short = np.flatnonzero(run_lengths < size)
+            hashes, starts, lengths = _fixed_windows(
+                batch.code_points, classes == NOSPACE, size, nospace_starts[short], run_lengths[short]
+            )
+            full = len(starts) - len(short)
+            owners = np.concatenate(
+                [_owners(starts[:full], document_starts), _owners(starts[full:], document_starts)]
+            )
+            wordy[owners] = True
+            add(_Spans(original(), starts, starts + lengths), hashes, lengths, owners)
 
         char_sizes = self.settings.char_ngrams
         if char_sizes:
@@ -311,21 +381,25 @@ class FeatureExtractor:
             # same grams.
             compacted = batch.compacted if self.settings.char_ngram_spaces else batch.solid
             reading = original() if compacted is batch else _PolynomialText(compacted.code_points)
+            inside = compacted.classes != BOUNDARY
             for size in char_sizes:
-                starts, ends, owners = _windows(
-                    compacted.starts,
-                    compacted.starts + compacted.lengths,
-                    size,
-                    whole_if_shorter=size == char_sizes[0],
+                short = np.flatnonzero((compacted.lengths > 0) & (compacted.lengths < size))
+                if size != char_sizes[0]:
+                    short = short[:0]
+                hashes, starts, lengths = _fixed_windows(
+                    compacted.code_points, inside, size, compacted.starts[short], compacted.lengths[short]
                 )
-                add(_Spans(reading, starts, ends), reading.span_hashes(starts, ends), ends - starts, owners)
+                # No boundary inside a document: each has every window that fits in it, in order.
+                fitting = np.maximum(compacted.lengths - (size - 1), 0)
+                owners = np.repeat(np.arange(len(batch), dtype=np.int64), fitting)
+                if len(short):
+                    owners = np.concatenate([owners, short])
+                add(_Spans(reading, starts, starts + lengths), hashes, lengths, owners)
 
-        wordy = np.bincount(token_documents, minlength=len(batch))
-        wordy += np.bincount(nospace_documents, minlength=len(batch))
-        without_words = np.flatnonzero((wordy == 0) & (batch.lengths > 0))
+        without_words = np.flatnonzero(~wordy & (batch.lengths > 0))
         if len(without_words):
             self._add_symbol_grams(batch, without_words, add)
-        return self._collect(len(batch), groups, identities, documents)
+        return self._collect(batch.lengths, groups, identities, documents)
 
     def _add_symbol_grams(
         self, batch: CodePointBatch, documents: np.ndarray, add: Callable[[_Group, np.ndarray, np.ndarray, np.ndarray], None]
@@ -348,9 +422,14 @@ class FeatureExtractor:
         starts, ends, segment = _windows(segment_starts, segment_ends, self.settings.cjk_char_ngram)
         add(_Spans(compact, starts, ends), compact.span_hashes(starts, ends), ends - starts, owners[segment_starts][segment])
 
-    def _identity(self, hashes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def _identity(self, hashes: np.ndarray, lengths: np.ndarray | np.int64) -> np.ndarray:
         """Seeded 44-bit identity of a feature from its polynomial hash and length."""
-        return mix64(hashes + lengths.astype(np.uint64) * _LENGTH_MIX + self._seed_key) >> _IDENTITY_SHIFT
+        if np.ndim(lengths) == 0:
+            # Scalar arithmetic would warn on the intended wrap-around: one offset for all, modulo 2**64.
+            offset = np.uint64((int(lengths) * int(_LENGTH_MIX) + int(self._seed_key)) % 2**64)
+        else:
+            offset = lengths.astype(np.uint64) * _LENGTH_MIX + self._seed_key
+        return mix64(hashes + offset) >> _IDENTITY_SHIFT
 
     def _identities(self, batch: CodePointBatch) -> np.ndarray:
         """Identities of whole strings (vocabulary keys, excludes)."""
@@ -358,10 +437,48 @@ class FeatureExtractor:
         return self._identity(text.span_hashes(batch.starts, batch.starts + batch.lengths), batch.lengths)
 
     def _collect(
-        self, document_count: int, groups: list[_Group], identities: list[np.ndarray], documents: list[np.ndarray]
+        self, lengths: np.ndarray, groups: list[_Group], identities: list[np.ndarray], documents: list[np.ndarray]
     ) -> FeatureBatch:
+        """The features of documents of these ``lengths`` (code points) from the identity and document of each
+        feature occurrence, found as ``groups``."""
+        document_count = len(lengths)
         identity = np.concatenate(identities) if identities else np.empty(0, dtype=np.uint64)
         owner = np.concatenate(documents) if documents else np.empty(0, dtype=np.int64)
+        group_sizes = [len(each) for each in identities]
+        if not self.least:
+            return self._distinct(document_count, groups, group_sizes, identity, owner)
+        # Only each document's ``least`` features of least identity are wanted: first keep the occurrences
+        # under a bound that leaves several times that many (sorting all of a long document's features costs
+        # more than hashing them), then lift the bound for any document that this left short. A document's
+        # length stands in for its number of occurrences: close for character n-grams, and a poor guess
+        # costs time, never a feature.
+        share = np.minimum(1.0, _OVERSAMPLE * self.least / np.maximum(lengths, 1))
+        bounds = (share * float(_IDENTITY_LIMIT)).astype(np.uint64)
+        while True:
+            below = None if (bounds == _IDENTITY_LIMIT).all() else identity < bounds[owner]
+            if below is None or below.all():
+                features = self._distinct(document_count, groups, group_sizes, identity, owner)
+            else:
+                positions = np.flatnonzero(below)
+                features = self._distinct(
+                    document_count, groups, group_sizes, identity[positions], owner[positions], positions
+                )
+            short = (features.counts < self.least) & (bounds < _IDENTITY_LIMIT)
+            if not short.any():
+                return features
+            bounds[short] = _IDENTITY_LIMIT
+
+    def _distinct(
+        self,
+        document_count: int,
+        groups: list[_Group],
+        group_sizes: list[int],
+        identity: np.ndarray,
+        owner: np.ndarray,
+        positions: np.ndarray | None = None,
+    ) -> FeatureBatch:
+        """Each document's distinct features, weighted and filtered, from the identity and owner of every
+        occurrence (``positions`` maps them into ``groups`` when they are a subset)."""
         keys = (owner.astype(np.uint64) << np.uint64(IDENTITY_BITS)) | identity
         if self.hash_name == "fast":
             occurrence = None
@@ -376,7 +493,7 @@ class FeatureExtractor:
         settings = self.settings
         # Occurrence counts only matter for frequency bounds and tf weighting.
         counted = settings.frequency_floor > 1 or settings.frequency_ceiling is not None or settings.weighting == "tf"
-        counts = np.diff(np.append(heads, len(keys))) if counted else np.ones(len(heads), dtype=np.int64)
+        counts = np.diff(np.append(heads, len(keys))) if counted else None
         keys = keys[heads]
 
         identity = keys & _IDENTITY_MASK
@@ -388,9 +505,24 @@ class FeatureExtractor:
         if len(self._excluded):
             kept &= ~np.isin(identity, self._excluded)
         if not kept.all():
-            keys, identity, counts, heads = keys[kept], identity[kept], counts[kept], heads[kept]
+            keys, identity, heads = keys[kept], identity[kept], heads[kept]
+            if counts is not None:
+                counts = counts[kept]
+        owner = (keys >> np.uint64(IDENTITY_BITS)).astype(np.int64)
+        offsets = np.searchsorted(owner, np.arange(document_count + 1))
+        if self.least:
+            # Identity order within each document: its first ``least`` features are the ones wanted.
+            sizes = np.diff(offsets)
+            if sizes.max(initial=0) > self.least:
+                first = np.flatnonzero(np.arange(len(keys)) < np.repeat(offsets[:-1] + self.least, sizes))
+                identity = identity[first]
+                if counts is not None:
+                    counts = counts[first]
+                if occurrence is not None:
+                    heads = heads[first]
+                offsets[1:] = np.cumsum(np.minimum(sizes, self.least))
 
-        weights = np.ones(len(keys), dtype=np.float64)
+        weights = np.ones(len(identity), dtype=np.float64)
         if len(self._vocabulary_keys):
             slot = np.minimum(np.searchsorted(self._vocabulary_keys, identity), len(self._vocabulary_keys) - 1)
             known = self._vocabulary_keys[slot] == identity
@@ -399,9 +531,9 @@ class FeatureExtractor:
             weights *= counts
 
         sources = None if occurrence is None else occurrence[heads]
-        digests = self._digests(identity, sources, groups, [len(each) for each in identities])
-        owner = (keys >> np.uint64(IDENTITY_BITS)).astype(np.int64)
-        offsets = np.searchsorted(owner, np.arange(document_count + 1))
+        if sources is not None and positions is not None:
+            sources = positions[sources]
+        digests = self._digests(identity, sources, groups, group_sizes)
         hashes = digests[:, 0] if digests.shape[1] > 1 else digests.reshape(-1)
         return FeatureBatch(
             hashes=np.ascontiguousarray(hashes), weights=weights, offsets=offsets, digests=digests, identities=identity

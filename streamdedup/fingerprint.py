@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 # Bound on code points per extraction pass and on feature-bit cells per summation pass (memory, not speed).
-_CHUNK_CODE_POINTS = 1 << 20
+_CHUNK_CODE_POINTS = 1 << 18
 _CHUNK_CELLS = 1 << 23
 _COMMAND_BATCH = 1024  # records per batch in fingerprint_command
 _LANE_LIMIT = 255  # words summed per block: the byte counters of _ones_per_bit hold up to 255
@@ -169,7 +169,6 @@ def fingerprint_hex(fingerprints: np.ndarray) -> list[str]:
 
 # Deepest segment group the bit-sliced majority takes; deeper ones (unsampled long texts) use a reduction.
 _MAJORITY_DEPTH = 64
-_LOW_32 = np.uint64(0xFFFFFFFF)
 
 
 def segmented_simhash(
@@ -191,7 +190,7 @@ def segmented_simhash(
         raise ValueError(f"segments must split width {width} into equal parts of 1..64 bits dividing 64, got {segments}")
     documents = len(features)
     hashes, weights, identities, counts = features.hashes, features.weights, features.identities, features.counts
-    if sample:
+    if sample and counts.max(initial=0) > sample:
         # Features come in identity order within each document, so its first ``sample`` are the sample.
         rank = np.arange(len(hashes)) - np.repeat(features.offsets[:-1], counts)
         kept = rank < sample
@@ -199,7 +198,9 @@ def segmented_simhash(
         counts = np.minimum(counts, sample)
     owner = np.repeat(np.arange(documents, dtype=np.uint64), counts)
     # The identity's low bits route: independent of the digest bits that become the segment's value.
-    group = owner * np.uint64(segments) + identities % np.uint64(segments)
+    power_of_two = segments & (segments - 1) == 0
+    route = identities & np.uint64(segments - 1) if power_of_two else identities % np.uint64(segments)
+    group = owner * np.uint64(segments) + route
     cells = documents * segments
     sizes = np.bincount(group.astype(np.intp), minlength=cells)
     values = np.zeros(cells, dtype=np.uint64)
@@ -207,9 +208,8 @@ def segmented_simhash(
     if len(group) and unit and seg_bits == 32 and sizes.max() <= _MAJORITY_DEPTH:
         # (group, value) packed in one word: a plain sort (vectorised in numpy) groups them, no argsort.
         packed = np.sort((group << np.uint64(32)) | (hashes >> np.uint64(32)))
-        group = (packed >> np.uint64(32)).astype(np.intp)
-        starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-        values[group[starts]] = _majority32((packed & _LOW_32).astype(np.uint32), starts, sizes[group[starts]])
+        # The cast to uint32 keeps each word's low half: the value.
+        values = _majority32(packed.astype(np.uint32), (packed >> np.uint64(32)).astype(np.intp), sizes)
     elif len(group):
         order = np.argsort(group)
         group, hashes, weights = group[order].astype(np.intp), hashes[order], weights[order]
@@ -235,10 +235,10 @@ def segmented_simhash(
     keyed[fallback] = sizes[fallback] > 0
     values[~keyed] = 0
     per_word = 64 // seg_bits
-    placed = values.reshape(documents, width // 64, per_word) << (
-        np.arange(per_word - 1, -1, -1, dtype=np.uint64) * np.uint64(seg_bits)
-    )
-    return np.bitwise_or.reduce(placed, axis=2)
+    words = np.zeros((documents, width // 64), dtype=np.uint64)
+    for slot in range(per_word):
+        words |= values[:, slot::per_word] << np.uint64(seg_bits * (per_word - 1 - slot))
+    return words
 
 
 def _leading_bits(hashes: np.ndarray, bits: int) -> np.ndarray:
@@ -246,42 +246,45 @@ def _leading_bits(hashes: np.ndarray, bits: int) -> np.ndarray:
     return np.unpackbits(hashes.astype(">u8").view(np.uint8).reshape(-1, 8)[:, : -(-bits // 8)], axis=1)[:, :bits]
 
 
-def _majority32(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Per group of consecutive uint32 values: the bits set in more than half of its members.
+def _majority32(values: np.ndarray, groups: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per group: the bits set in more than half of its members, as uint64. ``values`` are uint32 ordered by
+    their ``groups`` (ascending indices into ``sizes``, the members of every group; empty groups give 0).
 
     Bit-sliced: the members are laid out by rank in a (depth, groups) array and added into vertical
     counters, 32 lanes per group, so each step is one vectorised operation over every group and bit at
     once; two groups share each uint64 word, halving the steps. Segment groups are small (a handful of
     features), where this beats a reduction.
     """
-    groups = len(starts)
-    width = groups + groups % 2  # an even count, so that rows view as uint64 pairs of groups
+    count = len(sizes)
+    width = count + count % 2  # an even count, so that rows view as uint64 pairs of groups
     depth = int(sizes.max())
-    rank = np.arange(len(values)) - np.repeat(starts, sizes)
-    lanes = np.zeros((depth, width), dtype=np.uint32)
-    lanes[rank, np.repeat(np.arange(groups), sizes)] = values
-    paired = lanes.view(np.uint64)
+    firsts = np.cumsum(sizes) - sizes
+    lanes = np.zeros(depth * width, dtype=np.uint32)
+    lanes[(np.arange(len(values)) - firsts[groups]) * width + groups] = values
+    paired = lanes.reshape(depth, width).view(np.uint64)
     levels = max(1, depth.bit_length())
     counters = [np.zeros(width // 2, dtype=np.uint64) for _ in range(levels)]
     carry = np.empty(width // 2, dtype=np.uint64)
     overflow = np.empty(width // 2, dtype=np.uint64)
-    for row in paired:
+    for rank, row in enumerate(paired):
         carry[:] = row
-        for level in counters:
+        # After rank + 1 rows a counter holds at most rank + 1: the levels above stay clear.
+        for level in counters[: (rank + 1).bit_length()]:
             # A ripple-carry add of one bit per lane: the carry out is carry AND the old counter bit.
             np.bitwise_and(carry, level, out=overflow)
             level ^= carry
             carry, overflow = overflow, carry
     # Lanes whose count exceeds half the group size: compare the counters with floor(size / 2), top bit first.
-    half = np.zeros(width, dtype=np.int64)
-    half[:groups] = sizes // 2
+    half = np.zeros(width, dtype=np.uint32)
+    half[:count] = sizes // 2
     greater = np.zeros(width // 2, dtype=np.uint64)
     equal = np.full(width // 2, 2**64 - 1, dtype=np.uint64)
     for bit in range(levels - 1, -1, -1):
-        threshold = np.where((half >> bit) & 1, np.uint32(0xFFFFFFFF), np.uint32(0)).view(np.uint64)
+        # All 32 lanes of a group take its threshold bit: 0 - 1 is 0xFFFFFFFF in uint32.
+        threshold = np.negative((half >> np.uint32(bit)) & np.uint32(1)).view(np.uint64)
         greater |= equal & counters[bit] & ~threshold
         equal &= ~(counters[bit] ^ threshold)
-    return greater.view(np.uint32)[:groups].astype(np.uint64)
+    return greater.view(np.uint32)[:count].astype(np.uint64)
 
 
 @dataclass(frozen=True)
@@ -289,7 +292,8 @@ class FingerprintBatch:
     """Fingerprints of a batch and what they were made from.
 
     ``errors[i]`` explains why document i could not be fingerprinted (its row is all zeros) or is None;
-    ``empty[i]`` is true when document i had no features at all after normalisation.
+    ``empty[i]`` is true when document i had no features at all after normalisation. ``features`` are the
+    ones :class:`Fingerprinter` keeps (a sampled fingerprint keeps only the sample).
     """
 
     fingerprints: np.ndarray
@@ -310,21 +314,32 @@ class FingerprintBatch:
 
 
 class Fingerprinter:
-    """Normalise, extract features and SimHash batches of texts; options are :class:`FingerprintSettings`."""
+    """Normalise, extract features and SimHash batches of texts; options are :class:`FingerprintSettings`.
 
-    def __init__(self, **options: Any) -> None:
+    A fingerprint sampled from each document's ``segment_sample`` features of least identity only needs
+    those, so :attr:`FingerprintBatch.features` holds just them, or ``keep_features`` if that is more (a
+    bottom-k sketch taken from them needs k); otherwise it holds every feature.
+    """
+
+    def __init__(self, keep_features: int = 0, **options: Any) -> None:
         self.settings = FingerprintSettings(**options)
         self.width = self.settings.width
         self.normalizer = Normalizer(self.settings.normalize)
+        segmented = self.settings.segments > 1
         # A segmented fingerprint takes its bits from each feature's 64-bit hash, so wider digests are waste.
-        digest_width = self.width if self.settings.segments == 1 else 64
+        digest_width = 64 if segmented else self.width
+        sample = self.settings.segment_sample if segmented else 0
         self.extractor = FeatureExtractor(
-            self._normalized_keys(self.settings.features), self.settings.hash, self.settings.seed, width=digest_width
+            self._normalized_keys(self.settings.features),
+            self.settings.hash,
+            self.settings.seed,
+            width=digest_width,
+            least=max(sample, keep_features) if sample else 0,
         )
 
     @classmethod
-    def from_settings(cls, settings: FingerprintSettings) -> Fingerprinter:
-        return cls(**settings.model_dump())
+    def from_settings(cls, settings: FingerprintSettings, keep_features: int = 0) -> Fingerprinter:
+        return cls(keep_features, **settings.model_dump())
 
     def fingerprint(self, texts: Sequence[str]) -> np.ndarray:
         """uint64 array (len(texts), width // 64)."""

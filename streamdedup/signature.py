@@ -63,7 +63,9 @@ class Signer:
 
     def __init__(self, fingerprint: FingerprintSettings, policy: DedupSettings, plan: IndexPlan | None = None) -> None:
         self.plan = plan
-        self.fingerprinter = Fingerprinter.from_settings(fingerprint)
+        # A sketch of the fingerprint's own features reads each document's sketch_size first ones.
+        keep = policy.sketch_size if policy.sketch_features is None else 0
+        self.fingerprinter = Fingerprinter.from_settings(fingerprint, keep_features=keep)
         self.sketcher = BottomK(policy.sketch_size)
         self._shingler = (
             None

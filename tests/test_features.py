@@ -178,6 +178,52 @@ def test_fast_feature_hash_bits_are_balanced() -> None:
     assert np.abs(bits.mean(axis=0) - 0.5).max() < 0.02
 
 
+def first_features(batch: FeatureBatch, document: int, count: int) -> list[tuple[int, int, float, list[int]]]:
+    """(identity, hash, weight, digest words) of a document's first ``count`` features."""
+    start = batch.offsets[document]
+    stop = min(batch.offsets[document + 1], start + count)
+    return list(
+        zip(
+            batch.identities[start:stop].tolist(),
+            batch.hashes[start:stop].tolist(),
+            batch.weights[start:stop].tolist(),
+            batch.digests[start:stop].tolist(),
+            strict=True,
+        )
+    )
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    texts=st.lists(
+        st.one_of(
+            st.text(alphabet=ALPHABET, max_size=120),
+            # Few distinct features among many occurrences: the first identity bound leaves these short.
+            st.builds(
+                lambda unit, times: unit * times, st.text(alphabet="ab 東", min_size=1, max_size=4), st.integers(1, 60)
+            ),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    least=st.sampled_from([1, 3, 8, 30]),
+    hash_name=st.sampled_from(["fast", "md5"]),
+    options=st.sampled_from(
+        [{}, {"weighting": "tf"}, {"frequency_floor": 2}, {"frequency_ceiling": 1}, {"excludes": ["ab", "дж"]}]
+    ),
+)
+def test_least_keeps_exactly_the_features_of_least_identity(
+    texts: list[str], least: int, hash_name: str, options: dict[str, object]
+) -> None:
+    feature_settings = FeatureSettings(word_ngrams=[1], char_ngrams=[3], **options)
+    everything = FeatureExtractor(feature_settings, hash_name, width=128).extract(texts)  # type: ignore[arg-type]
+    extractor = FeatureExtractor(feature_settings, hash_name, width=128, least=least)  # type: ignore[arg-type]
+    fewest = extractor.extract(texts)
+    assert fewest.counts.tolist() == np.minimum(everything.counts, least).tolist()
+    for index in range(len(texts)):
+        assert first_features(fewest, index, least) == first_features(everything, index, least)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.text(alphabet=ALPHABET, max_size=20), min_size=1, max_size=6))
 def test_a_document_has_the_same_features_in_any_batch(texts: list[str]) -> None:
@@ -200,3 +246,5 @@ def test_bad_options() -> None:
         FeatureExtractor(hash_name="sha1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="multiple of 64"):
         FeatureExtractor(width=100)
+    with pytest.raises(ValueError, match="least must be"):
+        FeatureExtractor(least=-1)

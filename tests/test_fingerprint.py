@@ -347,7 +347,11 @@ def test_sampling_makes_long_documents_as_stable_as_short_ones() -> None:
     long_text = " ".join(f"word{i}" for i in range(3000))
     sampled = Fingerprinter(segment_sample=96)
     batch = sampled.fingerprint_batch([long_text, long_text + " tail"])
-    assert batch.features.counts[0] > 96 * 40
+    # Only the sample is kept: the 96 features of least identity among the document's more than 96 * 40.
+    everything = FeatureExtractor(sampled.extractor.settings).extract(batch.normalized[:1])
+    assert everything.counts[0] > 96 * 40
+    assert batch.features.counts.tolist() == [96, 96]
+    assert batch.features.identities[:96].tolist() == everything.identities[:96].tolist()
     # The few features the tail adds are not among the 96 of least hash: every segment stays the same.
     assert batch.fingerprints[0].tolist() == batch.fingerprints[1].tolist()
     assert sum(x != 0 for x in segments32(batch.fingerprints[0])) >= 16
