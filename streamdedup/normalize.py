@@ -354,12 +354,19 @@ def _code_points(text: str) -> np.ndarray:
 
 
 def _join(texts: list[str]) -> str:
-    """NUL before every text and after the last; a NUL inside a text becomes a space."""
+    """NUL before every text and after the last; a NUL inside a text becomes a space. Anything but a str
+    is a TypeError naming its position."""
     if not texts:
         return SEPARATOR
-    if any(SEPARATOR in text for text in texts):  # a memchr per text, cheaper than counting in the join
-        texts = [text.replace(SEPARATOR, " ") for text in texts]
-    return SEPARATOR + SEPARATOR.join(texts) + SEPARATOR
+    try:
+        joined = SEPARATOR + SEPARATOR.join(texts) + SEPARATOR
+    except TypeError:
+        # The join checks every item in C; only a failed one pays for finding the culprit.
+        position, text = next((i, t) for i, t in enumerate(texts) if not isinstance(t, str))
+        raise TypeError(f"text {position} is {type(text).__name__}, not str") from None
+    if joined.count(SEPARATOR) != len(texts) + 1:
+        joined = SEPARATOR + SEPARATOR.join(text.replace(SEPARATOR, " ") for text in texts) + SEPARATOR
+    return joined
 
 
 class Normalizer:
@@ -375,9 +382,6 @@ class Normalizer:
     def normalize_code_points(self, texts: Sequence[str]) -> CodePointBatch:
         """Normalised texts as a :class:`CodePointBatch` (what feature extraction consumes)."""
         texts = list(texts)
-        for position, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"text {position} is {type(text).__name__}, not str")
         settings = self.settings
         joined = _join(texts)
         if not settings.enabled:
