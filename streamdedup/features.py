@@ -41,6 +41,7 @@ MAX_DOCUMENTS = 1 << (64 - IDENTITY_BITS)
 _IDENTITY_SHIFT = np.uint64(64 - IDENTITY_BITS)
 _IDENTITY_MASK = np.uint64((1 << IDENTITY_BITS) - 1)
 _IDENTITY_LIMIT = np.uint64(1 << IDENTITY_BITS)
+_IDENTITY_SHIFT_KEY = np.uint64(IDENTITY_BITS)  # a (document, identity) key holds the document above this
 # With ``least``, a document's occurrences are first cut to an identity bound expected to leave this many times
 # ``least`` of them: enough that repeated features rarely leave fewer than ``least`` distinct ones.
 _OVERSAMPLE = 4.0
@@ -324,13 +325,12 @@ class FeatureExtractor:
             return polynomial[0]
 
         groups: list[_Group] = []
-        identities: list[np.ndarray] = []
-        documents: list[np.ndarray] = []
+        keys: list[np.ndarray] = []
 
         def add(group: _Group, hashes: np.ndarray, lengths: np.ndarray | np.int64, owners: np.ndarray) -> None:
             groups.append(group)
-            identities.append(self._identity(hashes, lengths))
-            documents.append(owners)
+            # (document, identity) in one word: one plain sort orders a batch's occurrences.
+            keys.append((owners.astype(np.uint64) << _IDENTITY_SHIFT_KEY) | self._identity(hashes, lengths))
 
         word_sizes = self.settings.word_ngrams
         if word_sizes or len(self._excluded):
@@ -399,7 +399,7 @@ class FeatureExtractor:
         without_words = np.flatnonzero(~wordy & (batch.lengths > 0))
         if len(without_words):
             self._add_symbol_grams(batch, without_words, add)
-        return self._collect(batch.lengths, groups, identities, documents)
+        return self._collect(batch.lengths, groups, keys)
 
     def _add_symbol_grams(
         self, batch: CodePointBatch, documents: np.ndarray, add: Callable[[_Group, np.ndarray, np.ndarray, np.ndarray], None]
@@ -436,17 +436,14 @@ class FeatureExtractor:
         text = _PolynomialText(batch.code_points)
         return self._identity(text.span_hashes(batch.starts, batch.starts + batch.lengths), batch.lengths)
 
-    def _collect(
-        self, lengths: np.ndarray, groups: list[_Group], identities: list[np.ndarray], documents: list[np.ndarray]
-    ) -> FeatureBatch:
-        """The features of documents of these ``lengths`` (code points) from the identity and document of each
-        feature occurrence, found as ``groups``."""
+    def _collect(self, lengths: np.ndarray, groups: list[_Group], group_keys: list[np.ndarray]) -> FeatureBatch:
+        """The features of documents of these ``lengths`` (code points) from the (document, identity) key of
+        each feature occurrence, found as ``groups``."""
         document_count = len(lengths)
-        identity = np.concatenate(identities) if identities else np.empty(0, dtype=np.uint64)
-        owner = np.concatenate(documents) if documents else np.empty(0, dtype=np.int64)
-        group_sizes = [len(each) for each in identities]
+        keys = np.concatenate(group_keys) if group_keys else np.empty(0, dtype=np.uint64)
+        group_sizes = [len(each) for each in group_keys]
         if not self.least:
-            return self._distinct(document_count, groups, group_sizes, identity, owner)
+            return self._distinct(document_count, groups, group_sizes, keys)
         # Only each document's ``least`` features of least identity are wanted: first keep the occurrences
         # under a bound that leaves several times that many (sorting all of a long document's features costs
         # more than hashing them), then lift the bound for any document that this left short. A document's
@@ -455,14 +452,13 @@ class FeatureExtractor:
         share = np.minimum(1.0, _OVERSAMPLE * self.least / np.maximum(lengths, 1))
         bounds = (share * float(_IDENTITY_LIMIT)).astype(np.uint64)
         while True:
-            below = None if (bounds == _IDENTITY_LIMIT).all() else identity < bounds[owner]
-            if below is None or below.all():
-                features = self._distinct(document_count, groups, group_sizes, identity, owner)
+            if (bounds == _IDENTITY_LIMIT).all():
+                features = self._distinct(document_count, groups, group_sizes, keys)
             else:
-                positions = np.flatnonzero(below)
-                features = self._distinct(
-                    document_count, groups, group_sizes, identity[positions], owner[positions], positions
-                )
+                # identity < bound of its document, compared on the keys themselves.
+                limits = (np.arange(document_count, dtype=np.uint64) << _IDENTITY_SHIFT_KEY) + bounds
+                positions = np.flatnonzero(keys < limits[(keys >> _IDENTITY_SHIFT_KEY).astype(np.intp)])
+                features = self._distinct(document_count, groups, group_sizes, keys[positions], positions)
             short = (features.counts < self.least) & (bounds < _IDENTITY_LIMIT)
             if not short.any():
                 return features
@@ -473,13 +469,11 @@ class FeatureExtractor:
         document_count: int,
         groups: list[_Group],
         group_sizes: list[int],
-        identity: np.ndarray,
-        owner: np.ndarray,
+        keys: np.ndarray,
         positions: np.ndarray | None = None,
     ) -> FeatureBatch:
-        """Each document's distinct features, weighted and filtered, from the identity and owner of every
-        occurrence (``positions`` maps them into ``groups`` when they are a subset)."""
-        keys = (owner.astype(np.uint64) << np.uint64(IDENTITY_BITS)) | identity
+        """Each document's distinct features, weighted and filtered, from the (document, identity) key of
+        every occurrence (``positions`` maps them into ``groups`` when they are a subset)."""
         if self.hash_name == "fast":
             occurrence = None
             keys = np.sort(keys)
@@ -508,19 +502,21 @@ class FeatureExtractor:
             keys, identity, heads = keys[kept], identity[kept], heads[kept]
             if counts is not None:
                 counts = counts[kept]
-        owner = (keys >> np.uint64(IDENTITY_BITS)).astype(np.int64)
-        offsets = np.searchsorted(owner, np.arange(document_count + 1))
+        offsets = np.searchsorted(keys, np.arange(document_count + 1, dtype=np.uint64) << _IDENTITY_SHIFT_KEY)
         if self.least:
             # Identity order within each document: its first ``least`` features are the ones wanted.
             sizes = np.diff(offsets)
             if sizes.max(initial=0) > self.least:
-                first = np.flatnonzero(np.arange(len(keys)) < np.repeat(offsets[:-1] + self.least, sizes))
+                kept_sizes = np.minimum(sizes, self.least)
+                kept_offsets = np.zeros_like(offsets)
+                np.cumsum(kept_sizes, out=kept_offsets[1:])
+                first = np.arange(kept_offsets[-1]) + np.repeat(offsets[:-1] - kept_offsets[:-1], kept_sizes)
                 identity = identity[first]
                 if counts is not None:
                     counts = counts[first]
                 if occurrence is not None:
                     heads = heads[first]
-                offsets[1:] = np.cumsum(np.minimum(sizes, self.least))
+                offsets = kept_offsets
 
         weights = np.ones(len(identity), dtype=np.float64)
         if len(self._vocabulary_keys):
