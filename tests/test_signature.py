@@ -11,6 +11,7 @@ import pytest
 
 from streamdedup.decide import Deduplicator
 from streamdedup.document import Document
+from streamdedup.features import FeatureExtractor
 from streamdedup.fingerprint import Fingerprinter
 from streamdedup.minhash import BottomK
 from streamdedup.index.plan import make_segment_plan
@@ -43,6 +44,23 @@ def test_signatures_are_the_fingerprints_and_the_bottom_k_sketches(settings: Set
     assert signatures.sketches.shape == (len(TEXTS) + 1, settings.dedup.sketch_size)
     assert signatures.indexable.tolist() == [True, True, False, False, True, False]
     assert signatures.errors[-1] is not None and "UTF-8" in signatures.errors[-1]
+
+
+def test_a_sketch_wider_than_the_fingerprint_sample_reads_every_feature_it_needs(settings: Settings) -> None:
+    fingerprint = settings.fingerprint.model_copy(update={"segment_sample": 8})
+    policy = settings.dedup.model_copy(update={"sketch_size": 64})
+    texts = [" ".join(TEXTS) * 20, TEXTS[0], TEXTS[-1]]
+    signatures = Signer(fingerprint, policy).sign(texts)
+    fingerprinter = Fingerprinter.from_settings(fingerprint)
+    extractor = fingerprinter.extractor
+    everything = FeatureExtractor(extractor.settings, extractor.hash_name, extractor.seed).extract(
+        fingerprinter.normalizer.normalize(texts)
+    )
+    assert everything.counts.min() > 8
+    assert signatures.sketches.tolist() == BottomK(64).sketch(everything).tolist()
+    # The fingerprint is still sampled from 8 features, as a fingerprinter that keeps only those makes it.
+    assert fingerprinter.fingerprint_batch(texts).features.counts.max() == 8
+    assert signatures.fingerprints.tolist() == fingerprinter.fingerprint(texts).tolist()
 
 
 def test_the_pool_signs_exactly_as_the_process_itself(settings: Settings) -> None:
