@@ -41,7 +41,7 @@ MAX_DOCUMENTS = 1 << (64 - IDENTITY_BITS)
 _IDENTITY_SHIFT = np.uint64(64 - IDENTITY_BITS)
 _IDENTITY_MASK = np.uint64((1 << IDENTITY_BITS) - 1)
 _IDENTITY_LIMIT = np.uint64(1 << IDENTITY_BITS)
-_IDENTITY_SHIFT_KEY = np.uint64(IDENTITY_BITS)  # a (document, identity) key holds the document above this
+_KEY_DOCUMENT_SHIFT = np.uint64(IDENTITY_BITS)  # a (document, identity) key: the document above the identity
 # With ``least``, a document's occurrences are first cut to an identity bound expected to leave this many times
 # ``least`` of them: enough that repeated features rarely leave fewer than ``least`` distinct ones.
 _OVERSAMPLE = 4.0
@@ -49,7 +49,7 @@ _SPACE_CODE_POINT = np.uint64(0x20)
 # Odd multiplier of the polynomial hash, so it is invertible modulo 2**64.
 _BASE = 0x9E3779B97F4A7C15
 _BASE_INVERSE = pow(_BASE, -1, 2**64)
-_BASE_64 = np.uint64(_BASE)
+_BASE_U64 = np.uint64(_BASE)
 _LENGTH_MIX = np.uint64(0xD6E8FEB86659FD93)
 _HASH_MIX = np.uint64(0x8EBC6AF09C88C6E3)
 _WORD_MIX = np.uint64(0xA0761D6478BD642F)
@@ -221,12 +221,12 @@ def _fixed_windows(
         # Few windows (a script that is a small part of the batch): hash just those, gathering.
         hashes = code_points[starts + (size - 1)].astype(np.uint64)
         for offset in range(size - 2, -1, -1):
-            hashes *= _BASE_64
+            hashes *= _BASE_U64
             hashes += code_points[starts + offset]
     else:
         hashes = code_points[size - 1 : size - 1 + count].astype(np.uint64)
         for offset in range(size - 2, -1, -1):
-            hashes *= _BASE_64
+            hashes *= _BASE_U64
             hashes += code_points[offset : offset + count]
         hashes = hashes[starts]
     if not len(short_starts):
@@ -330,7 +330,7 @@ class FeatureExtractor:
         def add(group: _Group, hashes: np.ndarray, lengths: np.ndarray | np.int64, owners: np.ndarray) -> None:
             groups.append(group)
             # (document, identity) in one word: one plain sort orders a batch's occurrences.
-            keys.append((owners.astype(np.uint64) << _IDENTITY_SHIFT_KEY) | self._identity(hashes, lengths))
+            keys.append((owners.astype(np.uint64) << _KEY_DOCUMENT_SHIFT) | self._identity(hashes, lengths))
 
         word_sizes = self.settings.word_ngrams
         if word_sizes or len(self._excluded):
@@ -383,18 +383,18 @@ class FeatureExtractor:
             reading = original() if compacted is batch else _PolynomialText(compacted.code_points)
             inside = compacted.classes != BOUNDARY
             for size in char_sizes:
-                short = np.flatnonzero((compacted.lengths > 0) & (compacted.lengths < size))
-                if size != char_sizes[0]:
-                    short = short[:0]
-                hashes, starts, lengths = _fixed_windows(
-                    compacted.code_points, inside, size, compacted.starts[short], compacted.lengths[short]
+                # Only the first size gives a document shorter than it one window covering it.
+                lengths = compacted.lengths
+                short = np.flatnonzero((lengths > 0) & (lengths < size) & (size == char_sizes[0]))
+                hashes, starts, window_lengths = _fixed_windows(
+                    compacted.code_points, inside, size, compacted.starts[short], lengths[short]
                 )
                 # No boundary inside a document: each has every window that fits in it, in order.
-                fitting = np.maximum(compacted.lengths - (size - 1), 0)
+                fitting = np.maximum(lengths - (size - 1), 0)
                 owners = np.repeat(np.arange(len(batch), dtype=np.int64), fitting)
                 if len(short):
                     owners = np.concatenate([owners, short])
-                add(_Spans(reading, starts, starts + lengths), hashes, lengths, owners)
+                add(_Spans(reading, starts, starts + window_lengths), hashes, window_lengths, owners)
 
         without_words = np.flatnonzero(~wordy & (batch.lengths > 0))
         if len(without_words):
@@ -456,8 +456,8 @@ class FeatureExtractor:
                 features = self._distinct(document_count, groups, group_sizes, keys)
             else:
                 # identity < bound of its document, compared on the keys themselves.
-                limits = (np.arange(document_count, dtype=np.uint64) << _IDENTITY_SHIFT_KEY) + bounds
-                positions = np.flatnonzero(keys < limits[(keys >> _IDENTITY_SHIFT_KEY).astype(np.intp)])
+                limits = (np.arange(document_count, dtype=np.uint64) << _KEY_DOCUMENT_SHIFT) + bounds
+                positions = np.flatnonzero(keys < limits[(keys >> _KEY_DOCUMENT_SHIFT).astype(np.intp)])
                 features = self._distinct(document_count, groups, group_sizes, keys[positions], positions)
             short = (features.counts < self.least) & (bounds < _IDENTITY_LIMIT)
             if not short.any():
@@ -502,7 +502,7 @@ class FeatureExtractor:
             keys, identity, heads = keys[kept], identity[kept], heads[kept]
             if counts is not None:
                 counts = counts[kept]
-        offsets = np.searchsorted(keys, np.arange(document_count + 1, dtype=np.uint64) << _IDENTITY_SHIFT_KEY)
+        offsets = np.searchsorted(keys, np.arange(document_count + 1, dtype=np.uint64) << _KEY_DOCUMENT_SHIFT)
         if self.least:
             # Identity order within each document: its first ``least`` features are the ones wanted.
             sizes = np.diff(offsets)

@@ -33,8 +33,10 @@ __all__ = [
     "simhash_from_features",
 ]
 
-# Bound on code points per extraction pass and on feature-bit cells per summation pass (memory, not speed).
+# Code points per extraction pass: the pass's temporaries then stay in cache, where a whole batch's would be
+# page-faulted in afresh each time (10-20 kB documents: 11.5 MB/s at 2**20, 17-20 MB/s at this size).
 _CHUNK_CODE_POINTS = 1 << 18
+# Feature-bit cells per summation pass (memory, not speed).
 _CHUNK_CELLS = 1 << 23
 _COMMAND_BATCH = 1024  # records per batch in fingerprint_command
 _LANE_LIMIT = 255  # words summed per block: the byte counters of _ones_per_bit hold up to 255
