@@ -455,9 +455,8 @@ class FeatureExtractor:
             if (bounds == _IDENTITY_LIMIT).all():
                 features = self._distinct(document_count, groups, group_sizes, keys)
             else:
-                # identity < bound of its document, compared on the keys themselves.
-                limits = (np.arange(document_count, dtype=np.uint64) << _KEY_DOCUMENT_SHIFT) + bounds
-                positions = np.flatnonzero(keys < limits[(keys >> _KEY_DOCUMENT_SHIFT).astype(np.intp)])
+                owner_bounds = bounds[(keys >> _KEY_DOCUMENT_SHIFT).astype(np.intp)]
+                positions = np.flatnonzero((keys & _IDENTITY_MASK) < owner_bounds)
                 features = self._distinct(document_count, groups, group_sizes, keys[positions], positions)
             short = (features.counts < self.least) & (bounds < _IDENTITY_LIMIT)
             if not short.any():
@@ -502,7 +501,10 @@ class FeatureExtractor:
             keys, identity, heads = keys[kept], identity[kept], heads[kept]
             if counts is not None:
                 counts = counts[kept]
-        offsets = np.searchsorted(keys, np.arange(document_count + 1, dtype=np.uint64) << _KEY_DOCUMENT_SHIFT)
+        # The end is not searched for: past the last possible document, its key would wrap to 0.
+        offsets = np.empty(document_count + 1, dtype=np.intp)
+        offsets[:-1] = np.searchsorted(keys, np.arange(document_count, dtype=np.uint64) << _KEY_DOCUMENT_SHIFT)
+        offsets[-1] = len(keys)
         if self.least:
             # Identity order within each document: its first ``least`` features are the ones wanted.
             sizes = np.diff(offsets)

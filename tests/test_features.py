@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamdedup.features import FeatureBatch, FeatureExtractor
+from streamdedup.features import MAX_DOCUMENTS, FeatureBatch, FeatureExtractor
 from streamdedup.settings import FeatureSettings
 
 ALPHABET = "abc дж 12 東京タ ,.! 😀🎉 "
@@ -222,6 +222,18 @@ def test_least_keeps_exactly_the_features_of_least_identity(
     assert fewest.counts.tolist() == np.minimum(everything.counts, least).tolist()
     for index in range(len(texts)):
         assert first_features(fewest, index, least) == first_features(everything, index, least)
+
+
+def test_the_last_document_of_a_full_extraction_keeps_its_features() -> None:
+    # Its (document, identity) keys sit at the top of the uint64 range, where document + 1 would wrap.
+    long_text = " ".join(f"word{i}" for i in range(200))
+    texts = ["a"] * (MAX_DOCUMENTS - 1) + [long_text]
+    for least in (0, 8):
+        batch = FeatureExtractor(FeatureSettings(), least=least).extract(texts)
+        assert batch.counts[:3].tolist() == [1, 1, 1]
+        assert batch.counts[-1] == (8 if least else 200)
+        assert batch.offsets[-1] == len(batch.hashes)
+        assert sorted(batch.identities[-batch.counts[-1] :].tolist()) == batch.identities[-batch.counts[-1] :].tolist()
 
 
 @settings(max_examples=60, deadline=None)
