@@ -323,7 +323,9 @@ class Fingerprinter:
     bottom-k sketch taken from them needs k); otherwise it holds every feature.
     """
 
-    def __init__(self, keep_features: int = 0, **options: Any) -> None:
+    def __init__(self, *, keep_features: int = 0, **options: Any) -> None:
+        if keep_features < 0:
+            raise ValueError(f"keep_features must be >= 0, got {keep_features}")
         self.settings = FingerprintSettings(**options)
         self.width = self.settings.width
         self.normalizer = Normalizer(self.settings.normalize)
@@ -341,7 +343,7 @@ class Fingerprinter:
 
     @classmethod
     def from_settings(cls, settings: FingerprintSettings, keep_features: int = 0) -> Fingerprinter:
-        return cls(keep_features, **settings.model_dump())
+        return cls(keep_features=keep_features, **settings.model_dump())
 
     def fingerprint(self, texts: Sequence[str]) -> np.ndarray:
         """uint64 array (len(texts), width // 64)."""

@@ -357,6 +357,11 @@ def test_sampling_makes_long_documents_as_stable_as_short_ones() -> None:
     assert sum(x != 0 for x in segments32(batch.fingerprints[0])) >= 16
 
 
+def test_keep_features_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="keep_features must be >= 0"):
+        Fingerprinter(keep_features=-1)
+
+
 def test_segments_must_divide_the_width() -> None:
     with pytest.raises(ValueError, match="equal segments"):
         Fingerprinter(width=1024, segments=48)
