@@ -217,24 +217,25 @@ def _fixed_windows(
     for offset in range(1, size):
         whole &= inside[offset : offset + count]
     starts = np.flatnonzero(whole)
-    if 4 * len(starts) < count:
-        # Few windows (a script that is a small part of the batch): hash just those, gathering.
-        hashes = code_points[starts + (size - 1)].astype(np.uint64)
-        for offset in range(size - 2, -1, -1):
-            hashes *= _BASE_U64
-            hashes += code_points[starts + offset]
-    else:
-        hashes = code_points[size - 1 : size - 1 + count].astype(np.uint64)
-        for offset in range(size - 2, -1, -1):
-            hashes *= _BASE_U64
-            hashes += code_points[offset : offset + count]
+    # Few windows (a script that is a small part of the batch): hash just those, gathering.
+    few = 4 * len(starts) < count
+
+    def column(offset: int) -> np.ndarray:
+        return code_points[starts + offset] if few else code_points[offset : offset + count]
+
+    hashes = column(size - 1).astype(np.uint64)
+    for offset in range(size - 2, -1, -1):
+        hashes *= _BASE_U64
+        hashes += column(offset)
+    if not few:
         hashes = hashes[starts]
     if not len(short_starts):
         return hashes, starts, np.int64(size)
+    powers, _ = _Powers.get(size)
     short_hashes = np.zeros(len(short_starts), dtype=np.uint64)
     for offset in range(size - 1):
         present = offset < short_lengths
-        terms = code_points[short_starts + offset * present].astype(np.uint64) * np.uint64(pow(_BASE, offset, 2**64))
+        terms = code_points[short_starts + offset * present].astype(np.uint64) * powers[offset]
         short_hashes += np.where(present, terms, np.uint64(0))
     return (
         np.concatenate([hashes, short_hashes]),
