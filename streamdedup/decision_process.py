@@ -3,14 +3,16 @@
 The service's process runs aiokafka, which is pure Python and busy; the decision core is numpy and LMDB with
 Python in between. In one process they share one interpreter lock and take turns; with the core in a worker
 process (``dedup.workers`` >= 1) each has a core. Calls are served one at a time in the order made, so the
-index sees exactly the sequence of batches it would see in-process. With ``dedup.workers: 0`` the same calls
-run in a thread of the service's process instead.
+index sees exactly the sequence of batches it would see in-process; a call made while another runs waits in
+the worker's pipe, so the worker goes from one batch to the next without waiting for the service's process.
+With ``dedup.workers: 0`` the same calls run in one thread of the service's process instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,7 @@ class DecisionProcess(Lifecycle):
         self.path = Path(settings.index.path)
         self._worker: WorkerProcess | None = None
         self._core: _DecisionCore | None = None
+        self._thread: ThreadPoolExecutor | None = None  # where the core runs with ``dedup.workers: 0``
         self.plan: IndexPlan | None = None
 
     @property
@@ -107,7 +110,13 @@ class DecisionProcess(Lifecycle):
         if self.open:
             return
         if self.settings.dedup.workers == 0:
-            self._core = await asyncio.to_thread(_DecisionCore, self.settings)
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="streamdedup-decisions")
+            try:
+                self._core = await asyncio.get_running_loop().run_in_executor(self._thread, _DecisionCore, self.settings)
+            except BaseException:
+                self._thread.shutdown()
+                self._thread = None
+                raise
             self.plan = self._core.plan()
             return
         # Spawned from the event loop's thread, which lives as long as the process (the death signal).
@@ -121,9 +130,12 @@ class DecisionProcess(Lifecycle):
             raise
 
     async def stop(self) -> None:
-        worker, core, self._worker, self._core = self._worker, self._core, None, None
-        if core is not None:
-            await asyncio.to_thread(core.close)
+        worker, core, thread = self._worker, self._core, self._thread
+        self._worker, self._core, self._thread = None, None, None
+        if core is not None and thread is not None:
+            # Behind whatever is still queued there.
+            await asyncio.get_running_loop().run_in_executor(thread, core.close)
+            thread.shutdown()
         if worker is not None:
             try:
                 await asyncio.to_thread(worker.call, _method, "close")
@@ -132,17 +144,22 @@ class DecisionProcess(Lifecycle):
             finally:
                 await asyncio.to_thread(worker.stop)
 
-    async def decide(
+    def submit(
         self,
         docs: Sequence[Document],
         *,
         source_offsets: Mapping[tuple[str, int], int],
         signatures: Signatures | None,
-    ) -> tuple[list[Verdict], BatchTimings]:
-        """Verdicts for ``docs`` and the stage timings; kept documents and ``source_offsets`` stored in one
-        LMDB transaction (``Deduplicator.decide``)."""
+    ) -> asyncio.Task[tuple[list[Verdict], BatchTimings]]:
+        """Queue the decision of ``docs`` behind those already queued (``Deduplicator.decide``: kept documents
+        and ``source_offsets`` stored in one LMDB transaction); the task gives the verdicts and stage timings.
+        Queued, the next batch starts the moment the last one is done, without waiting for this process."""
         rows = [(doc.id, doc.text, doc.time, doc.origin) for doc in docs]
-        packed, timings = await self._call("decide", rows, dict(source_offsets), signatures)
+        decision = self._submit("decide", rows, dict(source_offsets), signatures)
+        return asyncio.ensure_future(self._verdicts(decision))
+
+    async def _verdicts(self, decision: asyncio.Future[Any]) -> tuple[list[Verdict], BatchTimings]:
+        packed, timings = await self._died_as_decision_process("decide", decision)
         return _unpack(packed), timings
 
     async def source_offsets(self) -> dict[tuple[str, int], int]:
@@ -159,11 +176,19 @@ class DecisionProcess(Lifecycle):
         return result
 
     async def _call(self, method: str, *args: Any) -> Any:
+        return await self._died_as_decision_process(method, self._submit(method, *args))
+
+    def _submit(self, method: str, *args: Any) -> asyncio.Future[Any]:
+        """Queue a call to the core; calls run one at a time, in the order submitted."""
         if self._core is not None:
-            return await asyncio.to_thread(getattr(self._core, method), *args)
+            return asyncio.get_running_loop().run_in_executor(self._thread, getattr(self._core, method), *args)
         if self._worker is None:
             raise RuntimeError("the decision process is not started")
+        return asyncio.wrap_future(self._worker.submit(_method, method, *args))
+
+    @staticmethod
+    async def _died_as_decision_process(method: str, call: asyncio.Future[Any]) -> Any:
         try:
-            return await asyncio.to_thread(self._worker.call, _method, method, *args)
+            return await call
         except WorkerDied as exc:
             raise DecisionProcessDied(f"the decision process died during {method}") from exc

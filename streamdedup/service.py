@@ -20,7 +20,7 @@ import logging
 import math
 import signal
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -31,7 +31,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from .decide import Verdict
+from .decide import BatchTimings, Verdict
 from .decision_process import DecisionProcess, DecisionProcessDied
 from .fingerprint import fingerprint_hex
 from .document import DeadLetter, Document, DocumentDecoder
@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 # Index size gauges read LMDB statistics; refreshing them every batch would cost more than it tells.
 _INDEX_STATS_INTERVAL_SECONDS = 5.0
+# One batch decided while the next waits behind it: the decision process never waits for this one.
+_BATCHES_IN_DECISION = 2
 
 
 @dataclass(frozen=True)
@@ -271,23 +273,26 @@ class DedupService(Lifecycle):
                     self._assigned = frozenset()
 
     async def _consume(self, consumer: BatchConsumer, producer: TransactionalProducer) -> None:
-        """Batch N+1 is decided (LMDB) while batch N's transaction commits; transactions stay one at a time.
-        When batch N+2 is already fetched, the workers sign it meanwhile.
+        """Batches flow through the stages at once: batch N's Kafka transaction commits while the decision
+        process decides batch N+1 with batch N+2 queued behind it, and the workers sign batch N+3 when it is
+        already fetched. The decision process goes from one batch to the next without waiting for this
+        process. Transactions stay one at a time, in order.
 
-        The index may then run up to two batches ahead of Kafka, which reconciliation undoes like one.
-        A batch fetched ahead is only signed, never decided, before a rebalance check: after a rebalance it
-        is dropped and fetched again from the committed offsets.
+        The index may then run up to three batches ahead of Kafka, which reconciliation undoes like one.
+        Verdicts go to Kafka only under the batch lock after a rebalance check: after a rebalance, nothing more
+        is fetched, decided batches are not published, and reconciliation rolls the index back so that they
+        are fetched again from the committed offsets.
         """
-        ahead: _Prepared | None = None
+        deciding: deque[tuple[_Prepared, asyncio.Task[list[Verdict]]]] = deque()
+        ahead: _Prepared | None = None  # fetched, and signed meanwhile, while the decision process is full
         try:
-            while not self._stopping.is_set():
-                prepared, ahead = ahead, None
-                if prepared is None:
+            while deciding or not self._stopping.is_set():
+                if not deciding:
                     records = await consumer.batch()
                     # aiokafka may hand out records of a new assignment before the rebalance listener ran:
                     # nothing is processed until the index is reconciled with exactly the current assignment.
                     # Records fetched before that are dropped here and fetched again from the committed offsets.
-                    if self._needs_reconcile or consumer.assignment() != self._reconciled:
+                    if self._rebalanced(consumer):
                         await self._settle()
                         await self._reconcile(consumer)
                         continue
@@ -295,18 +300,33 @@ class DedupService(Lifecycle):
                         await self._settle()  # nothing else to do: finish the open transaction now
                         continue
                     prepared = self._prepare(records)
-                following = await consumer.batch(wait=False)
-                if following:
-                    ahead = self._prepare(following)
-                async with self._batch_lock:
-                    if self._needs_reconcile or consumer.assignment() != self._reconciled:
-                        ahead = None  # a rebalance happened while we waited: fetch again after reconciling
+                    deciding.append((prepared, await self._submit_decision(prepared)))
+                    continue
+                if not self._stopping.is_set() and not self._rebalanced(consumer):
+                    if ahead is None:
+                        following = await consumer.batch(wait=False)
+                        ahead = self._prepare(following) if following else None
+                    if ahead is not None and len(deciding) < _BATCHES_IN_DECISION:
+                        deciding.append((ahead, await self._submit_decision(ahead)))
+                        ahead = None
                         continue
-                    decided = await self._decide(prepared)
+                prepared, decision = deciding.popleft()
+                verdicts = await decision
+                async with self._batch_lock:
+                    if self._rebalanced(consumer):
+                        ahead = None
+                        continue
+                    decided = self._decided(prepared, verdicts)
                     await self._settle()
                     self._in_flight = asyncio.create_task(self._publish(decided, consumer, producer))
         finally:
+            # Decided but not published: reconciliation undoes them. Their own failures are not this one's.
+            await asyncio.gather(*(decision for _, decision in deciding), return_exceptions=True)
             await self._settle()
+
+    def _rebalanced(self, consumer: BatchConsumer) -> bool:
+        """Whether the assignment changed since the index was last reconciled with Kafka."""
+        return self._needs_reconcile or consumer.assignment() != self._reconciled
 
     async def _settle(self) -> None:
         """Wait for the transaction in flight; its failure ends the session (the caller recreates clients)."""
@@ -441,30 +461,36 @@ class DedupService(Lifecycle):
         signing = None if signers is None else signers.submit([doc.text for _, doc in documents])
         return _Prepared(records, decoded, documents, next_offsets, signers, signing, started)
 
-    async def _decide(self, prepared: _Prepared) -> _Decided:
-        """Decide (one LMDB transaction) and build what to publish; nothing goes to Kafka here."""
-        verdicts = await self._verdicts(prepared)
+    def _decided(self, prepared: _Prepared, verdicts: list[Verdict]) -> _Decided:
+        """What to publish for a decided batch; nothing goes to Kafka here."""
         records = prepared.records
         outgoing, dropped, dead = self._outgoing(records, prepared.decoded, prepared.documents, verdicts)
         return _Decided(records, prepared.next_offsets, verdicts, outgoing, dropped, dead, prepared.started)
 
     async def _verdicts(self, prepared: _Prepared) -> list[Verdict]:
         """The batch's verdicts, its kept documents and input offsets stored in one LMDB transaction."""
+        return await (await self._submit_decision(prepared))
+
+    async def _submit_decision(self, prepared: _Prepared) -> asyncio.Task[list[Verdict]]:
+        """Once the batch is signed, queue it in the decision process; the task gives its verdicts."""
         await self._maintain_index()
         documents, next_offsets = prepared.documents, prepared.next_offsets
         if documents:
             self._newest_event_time = max(self._newest_event_time, max(doc.time for _, doc in documents))
-        docs = [doc for _, doc in documents]
         signing_started = time.perf_counter()
         signatures = await self._signatures(prepared)
         signing_seconds = time.perf_counter() - signing_started
-        # The decision process (or thread) works while heartbeats, the in-flight transaction and the HTTP
-        # endpoints go on here.
-        verdicts, timings = await self._decisions.decide(
-            docs,
+        decision = self._decisions.submit(
+            [doc for _, doc in documents],
             source_offsets={(tp.topic, tp.partition): offset for tp, offset in next_offsets.items()},
             signatures=signatures,
         )
+        return asyncio.create_task(self._recorded(decision, signing_seconds))
+
+    async def _recorded(
+        self, decision: asyncio.Task[tuple[list[Verdict], BatchTimings]], signing_seconds: float
+    ) -> list[Verdict]:
+        verdicts, timings = await decision
         # Fingerprinting is the wait for the signing workers, or the signing in the thread without them.
         self.metrics.observe(Stage.FINGERPRINT, signing_seconds + timings.fingerprint)
         # The index stage covers the lookup and the batch's LMDB write transaction.

@@ -9,7 +9,7 @@ previous batch. Both give the same :class:`Signatures` for the same texts and se
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -115,8 +115,6 @@ class SignerPool:
         self._processes = [
             WorkerProcess(Signer, (fingerprint, policy, plan), name=f"streamdedup-signer-{n}") for n in range(workers)
         ]
-        # One thread per worker waits for its replies, so a worker's batches stay in submission order.
-        self._waiters = [ThreadPoolExecutor(1, thread_name_prefix=f"streamdedup-signer-{n}") for n in range(workers)]
         self._turn = 0
         self._stopped = False
 
@@ -129,18 +127,16 @@ class SignerPool:
         if self._stopped:
             raise RuntimeError("the signer pool is stopped")
         turn, self._turn = self._turn, (self._turn + 1) % self.workers
-        return self._waiters[turn].submit(self._processes[turn].call, _sign, list(texts))
+        signatures: Future[Signatures] = self._processes[turn].submit(_sign, list(texts))
+        return signatures
 
     def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
-        # Batches still queued are not cancelled: their futures fail with WorkerDied once the workers stop, so
-        # whoever waits for them hears the same thing as when a worker dies.
+        # Batches already submitted are still signed: the workers finish them before they exit.
         for process in self._processes:
             process.stop()
-        for waiter in self._waiters:
-            waiter.shutdown(wait=True)
 
     def __enter__(self) -> SignerPool:
         return self

@@ -13,11 +13,15 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 __all__ = ["WorkerDied", "WorkerProcess"]
@@ -31,15 +35,19 @@ class WorkerDied(RuntimeError):
 
 
 class WorkerProcess:
-    """One spawned process holding ``initializer(*initargs)`` as its state, serving calls one at a time.
+    """One spawned process holding ``initializer(*initargs)`` as its state, serving calls in submission order.
 
-    ``call(function, *args)`` runs ``function(state, *args)`` in the worker and returns its result or raises
-    its exception (the initializer's, on the first call, when it failed); :class:`WorkerDied` when the
-    worker is gone. Blocking: asyncio callers run it in a thread. The worker ignores SIGINT and SIGTERM (a
-    Ctrl-C or a SIGTERM to the whole process group must not kill it under a batch the parent is finishing),
-    and a parent killed outright takes it along (Linux: PR_SET_PDEATHSIG), so none goes on writing after a
-    successor started. The death signal follows the thread that spawned the worker: create it from a
-    long-lived thread. ``stop`` is idempotent: the worker finishes its call and exits.
+    ``submit(function, *args)`` queues ``function(state, *args)`` for the worker and returns a future of its
+    result or exception (the initializer's, for the first call, when it failed); the future fails with
+    :class:`WorkerDied` when the worker is gone. Calls wait in the worker's pipe, so it starts the next one
+    the moment it finishes one: a sender thread writes them (a call larger than the pipe blocks until the
+    worker reads it) and a receiver thread resolves the futures in order. ``call`` submits and waits.
+
+    The worker ignores SIGINT and SIGTERM (a Ctrl-C or a SIGTERM to the whole process group must not kill it
+    under a batch the parent is finishing), and a parent killed outright takes it along (Linux:
+    PR_SET_PDEATHSIG), so none goes on writing after a successor started. The death signal follows the thread
+    that spawned the worker: create it from a long-lived thread. ``stop`` is idempotent: the worker finishes
+    the calls already submitted and exits.
     """
 
     def __init__(self, initializer: Callable[..., Any], initargs: tuple[Any, ...] = (), *, name: str) -> None:
@@ -56,42 +64,85 @@ class WorkerProcess:
         calls_reader.close()
         results_writer.close()
         self._lock = threading.Lock()
-        self._started = False
+        self._pending: deque[Future[Any]] = deque()
+        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._stopped = False
+        self._gone = False
+        self._startup_error: BaseException | None = None
+        self._sender = threading.Thread(target=self._send_calls, name=f"{name}-sender", daemon=True)
+        self._receiver = threading.Thread(target=self._receive_replies, name=f"{name}-receiver", daemon=True)
+        self._sender.start()
+        self._receiver.start()
 
     @property
     def pid(self) -> int | None:
         return self._process.pid
 
-    def call(self, function: Callable[..., Any], *args: Any) -> Any:
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
+        # Pickled here, so an argument that cannot be pickled fails this call alone, in the caller.
+        message = bytes(ForkingPickler.dumps((function, args)))
+        future: Future[Any] = Future()
         with self._lock:
             if self._stopped:
                 raise WorkerDied(f"worker process {self._process.name} is stopped")
-            try:
-                if not self._started:
-                    self._started = True
-                    self._reply()
-                self._calls.send((function, args))
-                return self._reply()
-            except (EOFError, OSError) as exc:
-                raise WorkerDied(f"worker process {self._process.name} (pid {self._process.pid}) died") from exc
+            if self._gone:
+                future.set_exception(self._death())
+                return future
+            self._pending.append(future)
+            self._outbox.put(message)
+        return future
 
-    def _reply(self) -> Any:
-        succeeded, value = self._results.recv()
-        if not succeeded:
-            raise value
-        return value
+    def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        return self.submit(function, *args).result()
+
+    def _send_calls(self) -> None:
+        while (message := self._outbox.get()) is not None:
+            try:
+                self._calls.send_bytes(message)
+            except OSError:
+                break  # the worker is gone: the receiver fails every pending call
+        self._calls.close()
+
+    def _receive_replies(self) -> None:
+        startup_error: BaseException | None = None
+        try:
+            started, value = self._results.recv()
+            if not started:
+                startup_error = value
+            while started:
+                succeeded, value = self._results.recv()
+                with self._lock:
+                    future = self._pending.popleft()
+                if succeeded:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+        except (EOFError, OSError):
+            pass  # the worker exited or was killed
+        with self._lock:
+            self._gone = True
+            self._startup_error = startup_error
+            pending, self._pending = self._pending, deque()
+            for future in pending:
+                future.set_exception(self._death())
+
+    def _death(self) -> BaseException:
+        """What a call fails with once the worker is gone: the initializer's error, once, then WorkerDied."""
+        error, self._startup_error = self._startup_error, None
+        return error or WorkerDied(f"worker process {self._process.name} (pid {self._process.pid}) died")
 
     def stop(self) -> None:
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
-            self._calls.close()
+            self._outbox.put(None)  # the sender closes the calls pipe after what is queued
         self._process.join(_STOP_TIMEOUT_SECONDS)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
+        self._sender.join()
+        self._receiver.join()
         self._results.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -49,9 +50,13 @@ async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(tmp_path: 
 
     process = DecisionProcess(configured(tmp_path, "remote", workers))
     async with process:
+        # All batches queued at once: decided one after the other, in the order submitted.
+        decisions = [
+            process.submit(batch, source_offsets={("in", 0): 1000 * (n + 1)}, signatures=None)
+            for n, batch in enumerate(batches())
+        ]
         got = []
-        for n, batch in enumerate(batches()):
-            verdicts, timings = await process.decide(batch, source_offsets={("in", 0): 1000 * (n + 1)}, signatures=None)
+        for verdicts, timings in await asyncio.gather(*decisions):
             got += [(v.novel, v.reason, v.match_id, v.distance, v.jaccard, v.fingerprint.tolist()) for v in verdicts]
             assert timings.lookup >= 0 and timings.store > 0
         assert got == expected

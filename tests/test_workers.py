@@ -52,6 +52,52 @@ def test_calls_keep_state_and_raise_the_workers_exceptions() -> None:
         worker.call(add, 1)
 
 
+def wait_for(state: Counter, marker: str) -> int:
+    """Blocks the worker until ``marker`` exists: calls submitted meanwhile must wait in its pipe."""
+    while not Path(marker).exists():
+        time.sleep(0.001)
+    return state.value
+
+
+def test_calls_submitted_without_waiting_queue_in_the_worker_and_resolve_in_order(tmp_path: Path) -> None:
+    worker = WorkerProcess(Counter, (0,), name="test-queue")
+    marker = tmp_path / "go"
+    try:
+        blocked = worker.submit(wait_for, str(marker))
+        queued = [worker.submit(add, amount) for amount in range(1, 51)]
+        failing = worker.submit(fail, "queued")
+        last = worker.submit(add, 1000)
+        time.sleep(0.2)
+        assert not blocked.done() and not any(future.done() for future in queued)
+        marker.touch()
+        assert blocked.result(timeout=30) == 0
+        assert [future.result(timeout=30) for future in queued] == [n * (n + 1) // 2 for n in range(1, 51)]
+        with pytest.raises(KeyError, match="queued"):
+            failing.result(timeout=30)
+        assert last.result(timeout=30) == 1275 + 1000
+    finally:
+        worker.stop()
+
+
+def test_an_argument_that_cannot_be_pickled_fails_its_own_call_only() -> None:
+    worker = WorkerProcess(Counter, (1,), name="test-pickle")
+    try:
+        with pytest.raises(AttributeError, match="pickle"):
+            worker.submit(add, lambda: 1)
+        assert worker.call(add, 1) == 2
+    finally:
+        worker.stop()
+
+
+def test_stop_lets_the_worker_finish_the_calls_already_submitted() -> None:
+    worker = WorkerProcess(Counter, (0,), name="test-stop")
+    futures = [worker.submit(add, 1) for _ in range(20)]
+    worker.stop()
+    assert [future.result(timeout=0) for future in futures] == list(range(1, 21))
+    with pytest.raises(WorkerDied, match="stopped"):
+        worker.submit(add, 1)
+
+
 def test_the_initializers_error_reaches_the_first_call() -> None:
     worker = WorkerProcess(refuse, (3,), name="test-refuse")
     try:

@@ -73,13 +73,16 @@ fetch() {
     mv "$partial" "$LIBS"
 }
 
+running() {
+    [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null && [[ "$(ps -o stat= -p "$1" 2>/dev/null)" != Z* ]]
+}
+
 pid_alive() {
     [[ -f "$STATE_DIR/kafka.pid" ]] || return 1
     local pid
     pid="$(cat "$STATE_DIR/kafka.pid")"
     # A recycled pid or a zombie is not our broker.
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null \
-        && [[ "$(ps -o stat= -p "$pid" 2>/dev/null)" != Z* ]] \
+    running "$pid" \
         && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "kafka.Kafka $STATE_DIR/server.properties"
 }
 
@@ -148,13 +151,14 @@ start() {
     # shellcheck disable=SC2046
     setsid java -cp "$LIBS/*" $(java_opts) kafka.Kafka "$STATE_DIR/server.properties" \
         >>"$STATE_DIR/kafka.out" 2>&1 </dev/null &
-    echo $! >"$STATE_DIR/kafka.pid"
-    local port deadline
+    local pid=$! port deadline
+    echo "$pid" >"$STATE_DIR/kafka.pid"
     port="$(cat "$STATE_DIR/broker.port")"
     deadline=$((SECONDS + START_TIMEOUT))
     until port_answers "$port" \
         && tail -n +"$((started_marker + 1))" "$STATE_DIR/logs/server.log" 2>/dev/null | grep -q "Kafka Server started"; do
-        if ! pid_alive; then
+        # Our own child: until it has exec'd java its command line is still this script's (a slow host).
+        if ! running "$pid"; then
             tail -n 40 "$STATE_DIR/kafka.out" >&2 || true
             die "broker exited during start-up; see $STATE_DIR/logs/server.log"
         fi
