@@ -57,10 +57,10 @@ class _DecisionCore:
     def rollback(self, offsets: Mapping[tuple[str, int], int]) -> int:
         return self.index.rollback(offsets)
 
-    def maintain(self, newest_time: float | None) -> tuple[int, dict[str, Any]]:
-        """Expire entries past max_age before ``newest_time`` (None: nothing seen yet); the index's stats."""
+    def maintain(self, newest_time: float | None) -> tuple[int, dict[str, int]]:
+        """Expire entries past max_age before ``newest_time`` (None: nothing seen yet); the index's usage."""
         expired = self.index.expire(newest_time) if newest_time is not None else 0
-        return expired, self.index.stats()
+        return expired, self.index.usage()
 
     def close(self) -> None:
         self.index.close()
@@ -170,9 +170,9 @@ class DecisionProcess(Lifecycle):
         removed: int = await self._call("rollback", dict(offsets))
         return removed
 
-    async def maintain(self, newest_time: float | None) -> tuple[int, dict[str, Any]]:
-        """Expiry by event time up to ``newest_time``, then the index's stats: (entries expired, stats)."""
-        result: tuple[int, dict[str, Any]] = await self._call("maintain", newest_time)
+    async def maintain(self, newest_time: float | None) -> tuple[int, dict[str, int]]:
+        """Expiry by event time up to ``newest_time``, then the index's usage (``SegmentIndex.usage``)."""
+        result: tuple[int, dict[str, int]] = await self._call("maintain", newest_time)
         return result
 
     async def _call(self, method: str, *args: Any) -> Any:

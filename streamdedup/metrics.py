@@ -294,7 +294,7 @@ class ServiceMetrics:
     ) -> None:
         """Set the index size gauges and count entries expired since the last call.
 
-        From ``SegmentIndex.stats()``: entries, used_bytes = ``disk_bytes``, map_size_bytes = ``map_size``;
+        From ``SegmentIndex.usage()``: entries, used_bytes = ``disk_bytes``, map_size_bytes = ``map_size``;
         capacity_bytes from :func:`index_capacity_bytes`.
         """
         self.index_entries.set(entries)

@@ -594,12 +594,12 @@ class DedupService(Lifecycle):
             return
         self._index_stats_at = now
         newest = self._newest_event_time if self._newest_event_time > -math.inf else None
-        expired, stats = await self._decisions.maintain(newest)
+        expired, usage = await self._decisions.maintain(newest)
         self.metrics.record_index(
-            entries=stats["entries"],
-            used_bytes=stats["disk_bytes"],
-            map_size_bytes=stats["map_size"],
-            capacity_bytes=index_capacity_bytes(self._decisions.path, stats["disk_bytes"]),
+            entries=usage["entries"],
+            used_bytes=usage["disk_bytes"],
+            map_size_bytes=usage["map_size"],
+            capacity_bytes=index_capacity_bytes(self._decisions.path, usage["disk_bytes"]),
             expired=expired,
         )
 

@@ -333,7 +333,10 @@ def test_map_grows_by_itself_and_a_map_at_its_limit_loses_nothing_committed(tmp_
     fps = _random(20_000, 1, rng)
     with SegmentIndex(tmp_path / "grow", 64, 3, expected_entries=20_000, map_size=64 * 1024) as index:
         index.add([f"g{i}" for i in range(20_000)], fps)
-        assert index.stats()["map_size"] > 64 * 1024
+        stats = index.stats()
+        assert stats["map_size"] > 64 * 1024
+        assert index.usage() == {key: stats[key] for key in ("entries", "disk_bytes", "map_size")}
+        assert index.usage()["entries"] == 20_000
         assert index.query(fps[:3]) == [[("g0", 0)], [("g1", 0)], [("g2", 0)]]
     limit = 2 * 1024 * 1024
     with SegmentIndex(tmp_path / "cap", 64, 3, expected_entries=20_000, map_size=limit, max_map_size=limit) as index:
