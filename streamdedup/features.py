@@ -244,17 +244,14 @@ def _fixed_windows(
     )
 
 
-def _windows(
-    starts: np.ndarray, ends: np.ndarray, size: int, *, whole_if_shorter: bool = True
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _windows(starts: np.ndarray, ends: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every ``size``-long window inside each segment [start, end): (window starts, window ends, segment).
 
-    A non-empty segment shorter than ``size`` gives one window covering it when ``whole_if_shorter``.
+    A non-empty segment shorter than ``size`` gives one window covering it.
     """
     lengths = ends - starts
     counts = np.maximum(lengths - size + 1, 0)
-    if whole_if_shorter:
-        counts[(lengths > 0) & (lengths < size)] = 1
+    counts[(lengths > 0) & (lengths < size)] = 1
     segment = np.repeat(np.arange(len(starts), dtype=np.int64), counts)
     first = np.cumsum(counts) - counts
     window_starts = starts[segment] + (np.arange(len(segment), dtype=np.int64) - first[segment])
