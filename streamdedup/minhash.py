@@ -64,18 +64,29 @@ class BottomK:
         a, b = np.atleast_2d(a), np.atleast_2d(b)
         if a.shape != b.shape or a.shape[1] != self.k:
             raise ValueError(f"sketches must both have shape (n, {self.k}), got {a.shape} and {b.shape}")
-        merged = np.sort(np.concatenate([a, b], axis=1), axis=1)
-        # Each sketch holds distinct values, so a value in both appears exactly twice, side by side.
-        pair = merged[:, 1:] == merged[:, :-1]
-        pair &= merged[:, 1:] != EMPTY_SLOT
-        # Position j's rank among the union's distinct values is j minus the pairs before it (narrow
-        # counters where 2k positions fit: the cumulative sum is a large share of the cost).
+        merged = np.concatenate([a, b], axis=1)
+        merged.sort(axis=1)
+        # Each sketch holds distinct values, so a value in both appears exactly twice, side by side: position
+        # j + 1 repeats position j.
+        repeat = merged[:, 1:] == merged[:, :-1]
+        # Padding sits at the ends of rows; only rows with some can pair padding with padding.
+        padded = np.flatnonzero((a[:, -1] == EMPTY_SLOT) | (b[:, -1] == EMPTY_SLOT))
+        if len(padded):
+            repeat[padded] &= merged[padded, 1:] != EMPTY_SLOT
+        # The value at position j ranks j - (repeats before j) among the union's distinct values: below k for
+        # every j < k, so only the later positions need the running count (a large share of the cost).
         counter = np.int16 if 2 * self.k <= np.iinfo(np.int16).max else np.int64
-        earlier_pairs = np.cumsum(pair, axis=1, dtype=counter) - pair
-        in_top_k = np.arange(pair.shape[1], dtype=counter) - earlier_pairs < self.k
-        shared = np.count_nonzero(pair & in_top_k, axis=1)
-        real = np.count_nonzero(a != EMPTY_SLOT, axis=1) + np.count_nonzero(b != EMPTY_SLOT, axis=1)
-        union = np.minimum(self.k, real - np.count_nonzero(pair, axis=1))
+        early = repeat[:, : self.k].view(np.uint8).sum(axis=1, dtype=counter)
+        late = repeat[:, self.k :]
+        repeats_before = np.cumsum(late, axis=1, dtype=counter)
+        repeats_before -= late
+        repeats_before += early[:, None]
+        in_top_k = repeats_before > np.arange(late.shape[1], dtype=counter)
+        in_top_k &= late
+        shared = early + in_top_k.view(np.uint8).sum(axis=1, dtype=counter)
+        real = np.full(len(a), 2 * self.k, dtype=counter)
+        real[padded] = np.count_nonzero(merged[padded] != EMPTY_SLOT, axis=1)
+        union = np.minimum(self.k, real - early - late.view(np.uint8).sum(axis=1, dtype=counter))
         return np.divide(shared, union, out=np.ones(len(union)), where=union > 0)
 
     def cluster_key(self, sketch: np.ndarray) -> bytes | list[bytes]:
