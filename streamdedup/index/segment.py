@@ -45,6 +45,7 @@ import numpy as np
 
 from .. import names
 from ..settings import IndexSettings
+from .key_filter import KeyFilter
 from .keys import TableKeys, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
 
@@ -62,6 +63,8 @@ _META_CLOCK = b"clock"
 _META_NEXT_TOPIC = b"next_topic"
 _META_STAGED_GENERATION = b"staged_generation"
 _META_NEXT_MERGE = b"next_merge"
+_META_KEYED_WRITES = b"keyed_writes"  # batches that added table rows: what a key filter is valid for
+_FILTER_BUILD_ROWS = 65_536
 _U64 = np.dtype(">u8")
 _ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
 _T = TypeVar("_T")
@@ -132,11 +135,14 @@ def _bytes_int(rows: np.ndarray) -> np.ndarray:
 
 
 class _TransactionState(threading.local):
-    """The calling thread's write transaction, as the staged rows see it."""
+    """The calling thread's write transaction, as the staged rows and the key filter see it."""
 
-    writing = False
-    changed = False
-    staged: list[tuple[np.ndarray, np.ndarray]] | None = None
+    def __init__(self) -> None:
+        self.writing = False
+        self.changed = False
+        self.staged: list[tuple[np.ndarray, np.ndarray]] | None = None
+        # (filter, keyed-writes count before) for each batch whose keys went into that filter in this transaction.
+        self.filtered: list[tuple[KeyFilter, int]] = []
 
 
 def _staged_key(table: int, first_seq: int) -> bytes:
@@ -227,6 +233,7 @@ class SegmentIndex:
         # progress works on a copy, published here once it commits. Per thread, like LMDB's transactions.
         self._staged_cache: tuple[int, list[tuple[np.ndarray, np.ndarray]]] | None = None
         self._txn = _TransactionState()
+        self._key_filter: KeyFilter | None = None
         if not readonly:
             self.path.mkdir(parents=True, exist_ok=True)
         elif not (self.path / "data.mdb").exists():
@@ -415,6 +422,9 @@ class SegmentIndex:
                         raise IndexStorageError(f"batch not stored: {exc}") from exc
                     if generation is not None and self._txn.staged is not None:
                         self._staged_cache = (generation, self._txn.staged)
+                    for key_filter, keyed_before in self._txn.filtered:
+                        if key_filter.covers == keyed_before:
+                            key_filter.covers = keyed_before + 1
                     return result
             except lmdb.MapFullError:
                 size = self.env.info()["map_size"]
@@ -430,11 +440,11 @@ class SegmentIndex:
     @contextmanager
     def _staging_transaction(self) -> Iterator[None]:
         state = self._txn
-        state.writing, state.staged, state.changed = True, None, False
+        state.writing, state.staged, state.changed, state.filtered = True, None, False, []
         try:
             yield
         finally:
-            state.writing, state.staged, state.changed = False, None, False
+            state.writing, state.staged, state.changed, state.filtered = False, None, False, []
 
     def _bump_staged_generation(self, txn: Any) -> int | None:
         """A new generation number when this transaction changed the staged rows (so that other processes
@@ -598,11 +608,14 @@ class SegmentIndex:
         batch_keys = self._keys(fps, keys)
         probes = batch_keys.runs & (batch_keys.keys != 0) if batch_keys.unkeyed_zero else batch_keys.runs
         staged = self._staged(txn)
+        key_filter = self._trusted_key_filter(txn)
         run_ends = None
         near_rows, near_folds = [], []
         for table, db in enumerate(self._tables):
             kb, vb = self._key_bytes[table], self._value_bytes[table]
             positions = np.flatnonzero(probes[table])
+            if key_filter is not None and len(positions):
+                positions = positions[key_filter.may_contain(table, batch_keys.keys[table, positions])]
             if not len(positions):
                 continue
             probed = batch_keys.keys[table, positions]
@@ -669,6 +682,35 @@ class SegmentIndex:
             rows_q, seqs, distances = rows_q[keep], seqs[keep], distances[keep]
         order = np.lexsort((seqs, distances, rows_q))
         return SearchResult(rows_q[order], seqs[order], distances[order]), records
+
+    def _trusted_key_filter(self, txn: Any) -> KeyFilter | None:
+        """The key filter, if it holds every key ``txn`` sees; rebuilt when it does not (or has outgrown its
+        capacity) and ``txn`` is a read transaction. A writer's own lookups repeat, so only writers keep one."""
+        if self.readonly:
+            return None
+        keyed = self._counter(txn, _META_KEYED_WRITES)
+        current = self._key_filter
+        if current is not None and current.covers == keyed:
+            if self._txn.writing or not current.outgrown(self._counter(txn, _META_COUNT)):
+                return current
+        if self._txn.writing:
+            # A write transaction's view may hold changes it then aborts: a filter built from it could miss
+            # rows that stay committed. Look up without one.
+            return None
+        self._key_filter = self._build_key_filter(txn, keyed)
+        return self._key_filter
+
+    def _build_key_filter(self, txn: Any, keyed: int) -> KeyFilter:
+        """A key filter over every stored entry, sized for twice as many."""
+        key_filter = KeyFilter(self.plan.key_bits, 2 * self._counter(txn, _META_COUNT), keyed)
+        size = self._record.itemsize
+        with txn.cursor(self._entries) as cursor:
+            records = cursor.iternext(keys=False, values=True)
+            while chunk := list(islice(records, _FILTER_BUILD_ROWS)):
+                head = np.frombuffer(b"".join(value[:size] for value in chunk), dtype=self._record)
+                keys, _, _ = table_rows(self.plan, head["fp"].reshape(len(head), self.words).astype(np.uint64))
+                key_filter.add(keys)
+        return key_filter
 
     def _fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Raw records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
@@ -905,6 +947,12 @@ class SegmentIndex:
         with txn.cursor(self._ids) as cursor:
             cursor.putmulti(zip(id_keys, seq_keys))
         batch_keys: TableKeys = batch["keys"]
+        keyed = self._counter(txn, _META_KEYED_WRITES)
+        txn.put(_META_KEYED_WRITES, (keyed + 1).to_bytes(8, "big"), db=self._meta)
+        if self._key_filter is not None:
+            # Bits set now stay set if the batch aborts: harmless, a set bit only sends a key on to LMDB.
+            self._key_filter.add(batch_keys.keys)
+            self._txn.filtered.append((self._key_filter, keyed))
         folds = batch_keys.folds
         # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
         order = np.argsort(folds)
@@ -1214,6 +1262,7 @@ class SegmentIndex:
     def _open_dbs_after_reopen(self) -> None:
         self._meta = self._db(names.INDEX_DB_META)
         self._open_dbs()
+        self._key_filter = None
 
     def close(self) -> None:
         """Idempotent."""

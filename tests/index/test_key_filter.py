@@ -1,0 +1,132 @@
+"""The key filter: no added key is ever reported absent; the index trusts it only for the state it was built
+for, so lookups stay exact across batches, aborted batches, growth and other writers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamdedup.index import IndexStorageError, SegmentIndex
+from streamdedup.index.plan import make_segment_plan
+from streamdedup.index.key_filter import BITS_PER_KEY, MIN_CAPACITY, KeyFilter
+from tests.index.test_segment import ROOT, _brute, _clustered, _flip, _random
+
+
+def test_added_keys_are_always_present_and_most_absent_keys_are_not() -> None:
+    rng = np.random.default_rng(1)
+    key_filter = KeyFilter([32, 32, 32], capacity=MIN_CAPACITY, covers=0)
+    added = rng.integers(0, 2**32, size=(3, MIN_CAPACITY), dtype=np.uint64)
+    for part in np.array_split(np.arange(MIN_CAPACITY), 7):
+        key_filter.add(added[:, part])
+    for table in range(3):
+        assert key_filter.may_contain(table, added[table]).all()
+    absent = rng.integers(0, 2**32, size=200_000, dtype=np.uint64)
+    absent = absent[~np.isin(absent, added[0])]
+    false_positives = key_filter.may_contain(0, absent).mean()
+    # At capacity: 1 - e^(-1/16) = 6.1 % of absent keys hash onto a set bit.
+    assert abs(false_positives - (1 - np.exp(-1 / BITS_PER_KEY))) < 0.01
+    # A key added to one table says nothing about another table.
+    assert key_filter.may_contain(1, added[0]).mean() < 0.1
+
+
+def test_narrow_keys_get_a_bit_each_and_no_false_positive() -> None:
+    key_filter = KeyFilter([16, 16], capacity=10, covers=0)
+    key_filter.add(np.array([[0, 7, 65535], [1, 2, 3]], dtype=np.uint64))
+    everything = np.arange(2**16, dtype=np.uint64)
+    assert np.flatnonzero(key_filter.may_contain(0, everything)).tolist() == [0, 7, 65535]
+    assert np.flatnonzero(key_filter.may_contain(1, everything)).tolist() == [1, 2, 3]
+
+
+def test_bitmaps_grow_with_capacity_up_to_the_memory_cap_and_no_further() -> None:
+    small, large = KeyFilter([32] * 32, 1_000, 0), KeyFilter([32] * 32, 100_000_000, 0)
+    assert small.slot_bits == 20 and small.outgrown(2 * MIN_CAPACITY) and not small.outgrown(1_000)
+    # 32 tables share MAX_BYTES: 2**25 bits each, whatever the capacity asked; a larger index gains nothing
+    # from a rebuild, so none is asked for.
+    assert large.slot_bits == 25 and not large.outgrown(10**9)
+    narrow = KeyFilter([16, 16], 10**9, 0)
+    assert narrow.slot_bits == 16 and not narrow.outgrown(10**10)
+
+
+def _fps(n: int, rng: np.random.Generator) -> np.ndarray:
+    return _clustered(n, 2, 6, rng)
+
+
+def test_lookups_between_batches_stay_exact_and_use_the_filter(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    stored = _fps(900, rng)
+    ids = [f"d{i}" for i in range(len(stored))]
+    with SegmentIndex(tmp_path, 128, 6, expected_entries=1000) as index:
+        for first in range(0, len(stored), 100):
+            index.add(ids[first : first + 100], stored[first : first + 100])
+            queries = np.concatenate([_flip(stored[rng.integers(0, first + 100, 20)], rng.integers(0, 8, 20), rng), _random(5, 2, rng)])
+            assert index.query(queries) == _brute(stored[: first + 100], ids[: first + 100], queries, 6)
+            # Built once at the first lookup, then carried along by the index's own batches.
+            assert index._key_filter is not None and index._key_filter.covers == first // 100 + 1
+
+
+def test_an_aborted_batch_leaves_the_filter_trusted_and_exact(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    fps = _random(20_000, 1, rng)
+    limit = 2 * 1024 * 1024
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=20_000, map_size=limit, max_map_size=limit) as index:
+        index.add([f"c{i}" for i in range(100)], fps[:100])
+        assert index.query(fps[:1]) == [[("c0", 0)]]
+        built = index._key_filter
+        # The batch fails inside its transaction, after its keys went into the filter.
+        with pytest.raises(IndexStorageError, match="max_map_size"):
+            index.add([f"c{i}" for i in range(100, 20_000)], fps[100:])
+        assert index.query(fps[[0, 99, 100, 19_999]]) == [[("c0", 0)], [("c99", 0)], [], []]
+        assert index._key_filter is built and built.covers == 1
+        index.add(["late"], fps[100:101])
+        assert index.query(fps[[0, 100, 101]]) == [[("c0", 0)], [("late", 0)], []]
+        assert index._key_filter is built and built.covers == 2
+
+
+_OTHER_WRITER = """
+import sys
+import numpy as np
+from streamdedup.index import SegmentIndex
+fps = np.frombuffer(bytes.fromhex(sys.argv[2]), dtype=np.uint64).reshape(-1, 2)
+with SegmentIndex(sys.argv[1], 128, 6, expected_entries=1000) as index:
+    index.add([f"{sys.argv[3]}-{i}" for i in range(len(fps))], fps)
+"""
+
+
+def test_what_another_writer_adds_is_found_by_a_writer_holding_a_filter(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    mine, theirs = _random(60, 2, rng), _random(60, 2, rng)
+    with SegmentIndex(tmp_path, 128, 6, expected_entries=1000) as index:
+        index.add([f"mine-{i}" for i in range(30)], mine[:30])
+        assert index.query(theirs[:1]) == [[]]
+        # The other process stages and merges its rows while this one holds a filter built before them.
+        for step in range(2):
+            part = theirs[30 * step : 30 * (step + 1)]
+            subprocess.run(
+                [sys.executable, "-c", _OTHER_WRITER, str(tmp_path), part.tobytes().hex(), f"theirs{step}"],
+                check=True, cwd=ROOT, timeout=120,
+            )
+            assert index.query(part) == [[(f"theirs{step}-{i}", 0)] for i in range(30)]
+        index.add([f"mine-{i}" for i in range(30, 60)], mine[30:])
+        assert index.query(mine) == [[(f"mine-{i}", 0)] for i in range(60)]
+
+
+def test_a_filter_outgrown_by_its_index_is_rebuilt_larger(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    plan = make_segment_plan(256, 8)
+    stored = _random(3 * MIN_CAPACITY, 4, rng)
+    ids = [f"d{i}" for i in range(len(stored))]
+    with SegmentIndex(tmp_path, 256, 256, plan=plan, expected_entries=1000, sync=False) as index:
+        index.add(ids[:10], stored[:10])
+        index.query(stored[:1])
+        assert index._key_filter is not None
+        first_capacity = index._key_filter.capacity
+        for first in range(10, len(stored), 20_000):
+            index.add(ids[first : first + 20_000], stored[first : first + 20_000])
+        probes = rng.integers(0, len(stored), 50)
+        found = index.query(stored[probes])
+        assert [hits[0] for hits in found] == [(ids[i], 0) for i in probes]
+        assert index._key_filter.capacity >= len(stored) > first_capacity
