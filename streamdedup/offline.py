@@ -80,8 +80,9 @@ def decide_batches(
     dedup: Deduplicator, batches: Iterable[tuple[_Tag, list[Document]]], pool: SignerPool | None
 ) -> Iterator[tuple[_Tag, list[Document], list[Verdict]]]:
     """Each (tag, batch) with the batch's verdicts, in order. With a pool, the batches after this one are
-    read and signed in the workers while this one is decided, one ahead per worker."""
-    ahead = 0 if pool is None else pool.workers
+    read and signed in the workers while this one is decided, two ahead per worker: with one, a worker that
+    shared the cores with deciding could still be signing the next batch when it was wanted."""
+    ahead = 0 if pool is None else 2 * pool.workers
     pending: deque[tuple[_Tag, list[Document], Future[Signatures] | None]] = deque()
     for tag, docs in batches:
         pending.append((tag, docs, None if pool is None else pool.submit([doc.text for doc in docs])))
