@@ -14,6 +14,7 @@ from streamdedup.index.plan import PlanError
 from streamdedup.offline import open_index
 from streamdedup.quality.corpus import load_stream
 from streamdedup.settings import Settings, load_settings
+from streamdedup.signature import Signer
 
 CONFIG = Path(__file__).parents[1] / "config.yaml"
 
@@ -36,8 +37,8 @@ def batches() -> list[list[Document]]:
     ]
 
 
-@pytest.mark.parametrize("workers", [0, 1])
-async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "signed"), [(0, False), (1, False), (1, True)])
+async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(tmp_path: Path, workers: int, signed: bool) -> None:
     local_settings = configured(tmp_path, "local", workers)
     with open_index(local_settings, tmp_path / "local") as index:
         dedup = Deduplicator(local_settings, index)
@@ -50,9 +51,15 @@ async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(tmp_path: 
 
     process = DecisionProcess(configured(tmp_path, "remote", workers))
     async with process:
+        # Signed here (as by the signing workers), the texts do not travel to the decision process.
+        signer = Signer(local_settings.fingerprint, local_settings.dedup, process.plan) if signed else None
         # All batches queued at once: decided one after the other, in the order submitted.
         decisions = [
-            process.submit(batch, source_offsets={("in", 0): 1000 * (n + 1)}, signatures=None)
+            process.submit(
+                batch,
+                source_offsets={("in", 0): 1000 * (n + 1)},
+                signatures=None if signer is None else signer.sign([doc.text for doc in batch]),
+            )
             for n, batch in enumerate(batches())
         ]
         got = []
