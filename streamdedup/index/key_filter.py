@@ -14,6 +14,7 @@ checks that count before trusting the filter, and rebuilds it from the stored en
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,6 +42,11 @@ class KeyFilter:
         self._identity = self.slot_bits >= max(key_bits)
         self._shift = np.uint64(64 - self.slot_bits)
         self._bitmaps = np.zeros((tables, (1 << self.slot_bits) // 8), dtype=np.uint8)
+
+    def useful(self, entries: int) -> bool:
+        """Whether ``entries`` keys a table leave most of its bits clear (else nearly every key passes and
+        keeping the filter costs more than it saves)."""
+        return entries <= (1 << self.slot_bits) * math.log(2)
 
     def outgrown(self, entries: int) -> bool:
         """True when ``entries`` overfill the bitmaps and larger ones are allowed."""

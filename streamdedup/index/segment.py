@@ -234,6 +234,7 @@ class SegmentIndex:
         self._staged_cache: tuple[int, list[tuple[np.ndarray, np.ndarray]]] | None = None
         self._txn = _TransactionState()
         self._key_filter: KeyFilter | None = None
+        self._key_filter_pointless = False  # the index outgrew what a filter can serve: none is kept
         if not readonly:
             self.path.mkdir(parents=True, exist_ok=True)
         elif not (self.path / "data.mdb").exists():
@@ -686,23 +687,30 @@ class SegmentIndex:
     def _trusted_key_filter(self, txn: Any) -> KeyFilter | None:
         """The key filter, if it holds every key ``txn`` sees; rebuilt when it does not (or has outgrown its
         capacity) and ``txn`` is a read transaction. A writer's own lookups repeat, so only writers keep one."""
-        if self.readonly:
+        if self.readonly or self._key_filter_pointless:
             return None
-        keyed = self._counter(txn, _META_KEYED_WRITES)
+        keyed, entries = self._counter(txn, _META_KEYED_WRITES), self._counter(txn, _META_COUNT)
         current = self._key_filter
+        if current is not None and not current.useful(entries):
+            # Every key has a bit set by now (short keys, or more entries than the largest bitmaps serve).
+            self._key_filter, self._key_filter_pointless = None, True
+            return None
         if current is not None and current.covers == keyed:
-            if self._txn.writing or not current.outgrown(self._counter(txn, _META_COUNT)):
+            if self._txn.writing or not current.outgrown(entries):
                 return current
         if self._txn.writing:
             # A write transaction's view may hold changes it then aborts: a filter built from it could miss
             # rows that stay committed. Look up without one.
             return None
-        self._key_filter = self._build_key_filter(txn, keyed)
+        self._key_filter = KeyFilter(self.plan.key_bits, 2 * entries, keyed)
+        if not self._key_filter.useful(entries):
+            self._key_filter, self._key_filter_pointless = None, True
+            return None
+        self._fill_key_filter(txn, self._key_filter)
         return self._key_filter
 
-    def _build_key_filter(self, txn: Any, keyed: int) -> KeyFilter:
-        """A key filter over every stored entry, sized for twice as many."""
-        key_filter = KeyFilter(self.plan.key_bits, 2 * self._counter(txn, _META_COUNT), keyed)
+    def _fill_key_filter(self, txn: Any, key_filter: KeyFilter) -> None:
+        """Set the bits of every stored entry's keys."""
         size = self._record.itemsize
         with txn.cursor(self._entries) as cursor:
             records = cursor.iternext(keys=False, values=True)
@@ -710,7 +718,6 @@ class SegmentIndex:
                 head = np.frombuffer(b"".join(value[:size] for value in chunk), dtype=self._record)
                 keys, _, _ = table_rows(self.plan, head["fp"].reshape(len(head), self.words).astype(np.uint64))
                 key_filter.add(keys)
-        return key_filter
 
     def _fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Raw records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
@@ -1262,7 +1269,7 @@ class SegmentIndex:
     def _open_dbs_after_reopen(self) -> None:
         self._meta = self._db(names.INDEX_DB_META)
         self._open_dbs()
-        self._key_filter = None
+        self._key_filter, self._key_filter_pointless = None, False
 
     def close(self) -> None:
         """Idempotent."""

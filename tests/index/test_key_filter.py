@@ -51,21 +51,31 @@ def test_bitmaps_grow_with_capacity_up_to_the_memory_cap_and_no_further() -> Non
     assert narrow.slot_bits == 16 and not narrow.outgrown(10**10)
 
 
-def _fps(n: int, rng: np.random.Generator) -> np.ndarray:
-    return _clustered(n, 2, 6, rng)
-
-
 def test_lookups_between_batches_stay_exact_and_use_the_filter(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
-    stored = _fps(900, rng)
+    stored = _clustered(900, 2, 3, rng)
     ids = [f"d{i}" for i in range(len(stored))]
-    with SegmentIndex(tmp_path, 128, 6, expected_entries=1000) as index:
+    # 32-bit segment keys: hashed into bitmaps; radius 3 under four segments is exact (pigeonhole).
+    plan = make_segment_plan(128, 4, 3)
+    with SegmentIndex(tmp_path, 128, 3, plan=plan, expected_entries=1000) as index:
         for first in range(0, len(stored), 100):
             index.add(ids[first : first + 100], stored[first : first + 100])
-            queries = np.concatenate([_flip(stored[rng.integers(0, first + 100, 20)], rng.integers(0, 8, 20), rng), _random(5, 2, rng)])
-            assert index.query(queries) == _brute(stored[: first + 100], ids[: first + 100], queries, 6)
+            queries = np.concatenate([_flip(stored[rng.integers(0, first + 100, 20)], rng.integers(0, 5, 20), rng), _random(5, 2, rng)])
+            assert index.query(queries) == _brute(stored[: first + 100], ids[: first + 100], queries, 3)
             # Built once at the first lookup, then carried along by the index's own batches.
             assert index._key_filter is not None and index._key_filter.covers == first // 100 + 1
+
+
+def test_a_filter_that_would_pass_every_key_is_dropped_and_lookups_stay_exact(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    stored = _clustered(600, 2, 6, rng)
+    ids = [f"d{i}" for i in range(len(stored))]
+    with SegmentIndex(tmp_path, 128, 6, expected_entries=1000) as index:
+        assert max(index.plan.key_bits) == 8  # 256 keys a table: most are taken after ~180 entries
+        for first in range(0, len(stored), 100):
+            index.add(ids[first : first + 100], stored[first : first + 100])
+            assert index.query(stored[: first + 100]) == _brute(stored[: first + 100], ids[: first + 100], stored[: first + 100], 6)
+            assert (index._key_filter is not None) == (first + 100 <= 256 * np.log(2))
 
 
 def test_an_aborted_batch_leaves_the_filter_trusted_and_exact(tmp_path: Path) -> None:
