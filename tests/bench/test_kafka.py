@@ -21,7 +21,7 @@ async def _topics(bootstrap: str) -> set[str]:
 
 def test_bench_reports_both_sides_and_deletes_its_topics(kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]):
     before = asyncio.run(_topics(kafka_bootstrap))
-    options = ["--messages", "1500", "--rate", "300", "--latency-seconds", "1", "--bootstrap", kafka_bootstrap]
+    options = ["--messages", "1500", "--rate", "300", "--latency-seconds", "1", "--rounds", "2", "--bootstrap", kafka_bootstrap]
     assert main(options, Settings()) == 0
     out = capsys.readouterr().out
     throughput = re.search(r"throughput \(msg/s\)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)", out)
@@ -29,6 +29,11 @@ def test_bench_reports_both_sides_and_deletes_its_topics(kafka_bootstrap: str, c
     passthrough, service, ratio = (float(group.replace(",", "")) for group in throughput.groups())
     assert passthrough > 0 and service > 0
     assert ratio == pytest.approx(service / passthrough, abs=0.006)
+    # Each side's fastest of the rounds, all of which are printed.
+    rounds = re.findall(r"round \d: passthrough ([\d,]+) msg/s, streamdedup ([\d,]+) msg/s", out)
+    assert len(rounds) == 2, out
+    assert passthrough == max(float(p.replace(",", "")) for p, _ in rounds)
+    assert service == max(float(s.replace(",", "")) for _, s in rounds)
     assert re.search(r"latency p99 \(ms\)\s+\d+\.\d\s+\d+\.\d", out), out
     leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
     assert leftover == set()
