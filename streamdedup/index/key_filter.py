@@ -7,9 +7,9 @@ that key is added and never cleared, so a clear bit proves the key absent, and a
 row) or shared (another key hashed to it): then LMDB is asked as before. The filter can skip a miss, never hide
 a match.
 
-It is valid for one state of the index, named by the index's count of keyed writes (``covers``): the index
-checks that count before trusting the filter, and rebuilds it from the stored entries when another writer
-(another process, or an aborted batch's successor) moved the count.
+It is valid for one state of the index, named by the index's count of batches that added keys (``covers``):
+the index checks that count before trusting the filter, and rebuilds the filter from the stored entries when
+another writer (another process) moved it.
 """
 
 from __future__ import annotations
