@@ -9,13 +9,17 @@ a match.
 
 It is valid for one state of the index, named by the index's count of batches that added keys (``covers``):
 the index checks that count before trusting the filter, and rebuilds the filter from the stored entries when
-another writer (another process) moved it.
+another writer (another process) moved it. A closing writer saves it beside the index with a random token that
+it also stores in the index; every later batch that adds keys deletes the token, so a saved filter is loaded
+only into the very state it was saved from.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -69,3 +73,25 @@ class KeyFilter:
         slots = self._slots(keys)
         found = self._bitmaps[table, (slots >> np.uint64(3)).astype(np.intp)] >> (slots & np.uint64(7)).astype(np.uint8)
         return (found & 1).astype(bool)
+
+    def save(self, path: Path, token: bytes) -> None:
+        """Write the bitmaps and ``token`` to ``path`` (complete or not at all)."""
+        partial = path.with_name(path.name + ".partial")
+        with partial.open("wb") as out:
+            np.savez(out, token=np.frombuffer(token, dtype=np.uint8), capacity=np.int64(self.capacity), bitmaps=self._bitmaps)
+        os.replace(partial, path)
+
+    @classmethod
+    def load(cls, path: Path, token: bytes, key_bits: Sequence[int], covers: int) -> KeyFilter | None:
+        """The filter saved at ``path`` with ``token`` for these tables, else None."""
+        try:
+            with np.load(path) as saved:
+                if saved["token"].tobytes() != token:
+                    return None
+                key_filter = cls(key_bits, int(saved["capacity"]), covers)
+                if saved["bitmaps"].shape != key_filter._bitmaps.shape:
+                    return None
+                key_filter._bitmaps = saved["bitmaps"]
+                return key_filter
+        except (OSError, ValueError, KeyError):
+            return None

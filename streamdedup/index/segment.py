@@ -17,6 +17,8 @@ Layout (one LMDB environment, names in ``streamdedup.names``):
   sequences in the bucket as (start, stop) runs: one row per batch, and expiry and eviction read only the
   oldest rows. ``origins``: (topic, partition, offset) -> sequence, for rollback. ``sources``: (topic,
   partition) -> next offset. ``topics``: topic name -> small id. ``meta``: plan, format, counters.
+- ``key-filter.npz`` beside the environment: the last writer's key filter, saved when it closed (see
+  ``key_filter``), for the next writer to load instead of rebuilding it.
 
 Every batch is one write transaction: the entries, their table rows and the source offsets commit together
 or not at all, so a crash at any moment leaves exactly the committed batches.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -51,6 +54,8 @@ from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bi
 
 __all__ = ["EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex", "planned"]
 
+log = logging.getLogger(__name__)
+
 FORMAT_VERSION = 2
 # Format 1 had no staged rows: it reads as format 2 with none staged, and is marked 2 when opened to write.
 _READABLE_FORMATS = (1, 2)
@@ -64,6 +69,8 @@ _META_NEXT_TOPIC = b"next_topic"
 _META_STAGED_GENERATION = b"staged_generation"
 _META_NEXT_MERGE = b"next_merge"
 _META_KEYED_WRITES = b"keyed_writes"  # batches that added table rows: what a key filter is valid for
+_META_KEY_FILTER_TOKEN = b"key_filter_token"  # names the saved key filter; deleted by every batch that adds keys
+KEY_FILTER_FILE = "key-filter.npz"
 _FILTER_BUILD_ROWS = 65_536
 _U64 = np.dtype(">u8")
 _ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
@@ -702,12 +709,32 @@ class SegmentIndex:
             # A write transaction's view may hold changes it then aborts: a filter built from it could miss
             # rows that stay committed. Look up without one.
             return None
+        token = txn.get(_META_KEY_FILTER_TOKEN, db=self._meta)
+        saved = None if token is None else KeyFilter.load(self.path / KEY_FILTER_FILE, token, self.plan.key_bits, keyed)
+        if saved is not None and saved.useful(entries) and not saved.outgrown(entries):
+            self._key_filter = saved
+            return saved
         self._key_filter = KeyFilter(self.plan.key_bits, 2 * entries, keyed)
         if not self._key_filter.useful(entries):
             self._key_filter, self._key_filter_pointless = None, True
             return None
         self._fill_key_filter(txn, self._key_filter)
         return self._key_filter
+
+    def _save_key_filter(self) -> None:
+        """Save a trusted key filter for the next writer to open this index, so it need not rebuild it."""
+        key_filter = self._key_filter
+        if self.readonly or key_filter is None:
+            return
+        token = os.urandom(16)
+        try:
+            key_filter.save(self.path / KEY_FILTER_FILE, token)
+            with self.env.begin(write=True) as txn:
+                # Only for the state it covers: a batch committed meanwhile by another writer leaves it unnamed.
+                if self._counter(txn, _META_KEYED_WRITES) == key_filter.covers:
+                    txn.put(_META_KEY_FILTER_TOKEN, token, db=self._meta)
+        except (OSError, lmdb.Error) as exc:
+            log.warning("key filter not saved (the next start rebuilds it): %s", exc)
 
     def _fill_key_filter(self, txn: Any, key_filter: KeyFilter) -> None:
         """Set the bits of every stored entry's keys."""
@@ -956,6 +983,7 @@ class SegmentIndex:
         batch_keys: TableKeys = batch["keys"]
         keyed = self._counter(txn, _META_KEYED_WRITES)
         txn.put(_META_KEYED_WRITES, (keyed + 1).to_bytes(8, "big"), db=self._meta)
+        txn.delete(_META_KEY_FILTER_TOKEN, db=self._meta)
         if self._key_filter is not None:
             # Bits set now stay set if the batch aborts: harmless, a set bit only sends a key on to LMDB.
             self._key_filter.add(batch_keys.keys)
@@ -1276,6 +1304,7 @@ class SegmentIndex:
         if self._closed:
             return
         self._closed = True
+        self._save_key_filter()
         if not self.sync and not self.readonly:
             # Without a sync per commit, one flush at the end leaves the file complete on disk.
             self.env.sync(True)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from streamdedup.index import IndexStorageError, SegmentIndex
+from streamdedup.index.segment import KEY_FILTER_FILE
 from streamdedup.index.plan import make_segment_plan
 from streamdedup.index.key_filter import BITS_PER_KEY, MIN_CAPACITY, KeyFilter
 from tests.index.test_segment import ROOT, _brute, _clustered, _flip, _random
@@ -140,3 +141,66 @@ def test_a_filter_outgrown_by_its_index_is_rebuilt_larger(tmp_path: Path) -> Non
         found = index.query(stored[probes])
         assert [hits[0] for hits in found] == [(ids[i], 0) for i in probes]
         assert index._key_filter.capacity >= len(stored) > first_capacity
+
+
+def _plan_and_data(n: int, seed: int) -> tuple[object, np.ndarray, list[str]]:
+    rng = np.random.default_rng(seed)
+    return make_segment_plan(128, 4, 3), _clustered(n, 2, 3, rng), [f"d{i}" for i in range(n)]
+
+
+def _refuse_rebuild(index: SegmentIndex) -> None:
+    def rebuild(*args: object) -> None:
+        raise AssertionError("the key filter was rebuilt")
+
+    index._fill_key_filter = rebuild  # type: ignore[method-assign]
+
+
+def test_a_closing_writer_saves_its_filter_and_the_next_one_loads_it(tmp_path: Path) -> None:
+    plan, stored, ids = _plan_and_data(400, 7)
+    with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
+        index.add(ids[:200], stored[:200])
+        assert index.query(stored[:1])[0][0] == ("d0", 0)
+        index.add(ids[200:300], stored[200:300])
+    assert (tmp_path / KEY_FILTER_FILE).exists()
+    with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
+        _refuse_rebuild(index)
+        assert index.query(stored[:300]) == _brute(stored[:300], ids[:300], stored[:300], 3)
+        assert index._key_filter is not None and index._key_filter.covers == 2
+        index.add(ids[300:], stored[300:])
+        assert index.query(stored) == _brute(stored, ids, stored, 3)
+    with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
+        _refuse_rebuild(index)
+        assert index.query(stored[350:]) == _brute(stored, ids, stored[350:], 3)
+
+
+def test_a_saved_filter_is_not_loaded_after_another_writer_added_keys(tmp_path: Path) -> None:
+    plan, stored, ids = _plan_and_data(100, 8)
+    theirs = _random(30, 2, np.random.default_rng(9))
+    with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
+        index.add(ids, stored)
+        assert index.query(stored[:1])[0][0] == ("d0", 0)
+    # A writer that never looks up keeps no filter; its batch still voids the saved one.
+    subprocess.run(
+        [sys.executable, "-c", _SEGMENT_WRITER, str(tmp_path), theirs.tobytes().hex()], check=True, cwd=ROOT, timeout=120
+    )
+    with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
+        assert index.query(theirs) == [[(f"theirs-{i}", 0)] for i in range(30)]
+    # Another index's saved filter (another token) in its place is not loaded: it lacks this index's keys.
+    other, mine = tmp_path.parent / "other", _random(10, 2, np.random.default_rng(10))
+    with SegmentIndex(other, 128, 3, plan=plan) as index:
+        index.add([f"m{i}" for i in range(10)], mine)
+        assert index.query(mine[:1]) == [[("m0", 0)]]
+    (other / KEY_FILTER_FILE).write_bytes((tmp_path / KEY_FILTER_FILE).read_bytes())
+    with SegmentIndex(other, 128, 3, plan=plan) as index:
+        assert index.query(mine) == [[(f"m{i}", 0)] for i in range(10)]
+
+
+_SEGMENT_WRITER = """
+import sys
+import numpy as np
+from streamdedup.index import SegmentIndex
+from streamdedup.index.plan import make_segment_plan
+fps = np.frombuffer(bytes.fromhex(sys.argv[2]), dtype=np.uint64).reshape(-1, 2)
+with SegmentIndex(sys.argv[1], 128, 3, plan=make_segment_plan(128, 4, 3)) as index:
+    index.add([f"theirs-{i}" for i in range(len(fps))], fps)
+"""
