@@ -155,10 +155,8 @@ class DecisionProcess(Lifecycle):
         and ``source_offsets`` stored in one LMDB transaction); the task gives the verdicts and stage timings.
         Queued, the next batch starts the moment the last one is done, without waiting for this process."""
         # Signed texts are not read again there: spare the pipe their bytes.
-        if signatures is None:
-            rows = [(doc.id, doc.text, doc.time, doc.origin) for doc in docs]
-        else:
-            rows = [(doc.id, "", doc.time, doc.origin) for doc in docs]
+        signed = signatures is not None
+        rows = [(doc.id, "" if signed else doc.text, doc.time, doc.origin) for doc in docs]
         decision = self._submit("decide", rows, dict(source_offsets), signatures)
         return asyncio.ensure_future(self._verdicts(decision))
 

@@ -101,7 +101,7 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
         await _delete_topics(bootstrap, prefix)
 
     passthrough = max(p for p, _, _ in rounds)
-    service, _, stages = max((s, -n, st) for n, (_, s, st) in enumerate(rounds))
+    _, service, stages = max(rounds, key=lambda result: result[1])
     print()
     print(f"{'':28}{'passthrough':>14}{'streamdedup':>14}{'ratio':>9}")
     print(f"{'throughput (msg/s)':28}{passthrough:14,.0f}{service:14,.0f}{service / passthrough:9.2f}   (goal >= 0.50)")
