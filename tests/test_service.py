@@ -546,12 +546,18 @@ async def test_workers_die_with_a_killed_service(kafka_bootstrap: str, topics: T
     expected = load_settings(config).dedup.workers + 1  # the signing workers and the decision process
     process = start_service(config, tmp_path / "service.log")
     try:
-        await wait_for(lambda: _async_true(len(worker_children(process.pid)) == expected), 60, "the worker processes")
+        # Killed once serving: a worker still importing when its parent dies exits only after its imports
+        # (it checks its parent before serving), which on a loaded host can take longer than the wait below.
+        await wait_for(lambda: _logged(tmp_path / "service.log", "owning all"), 120, "the service to serve")
         children = worker_children(process.pid)
+        assert len(children) == expected, children
     finally:
         process.send_signal(signal.SIGKILL)
         await asyncio.to_thread(process.wait, 30)
-    await wait_for(lambda: _async_true(not any(map(_running, children))), 10, "orphans to exit")
+    try:
+        await wait_for(lambda: _async_true(not any(map(_running, children))), 10, "orphans to exit")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {_states(children)}") from None
 
 
 def _running(pid: int) -> bool:
@@ -560,6 +566,18 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _states(pids: list[int]) -> dict[int, str]:
+    """What each process is doing (its /proc state and wait channel), for a failure message."""
+    states = {}
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            states[pid] = f"{state} in {Path(f'/proc/{pid}/wchan').read_text() or '-'}"
+        except FileNotFoundError:
+            states[pid] = "gone"
+    return states
 
 
 async def _async_true(value: bool) -> bool:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -135,3 +138,50 @@ def test_a_worker_killed_while_sending_its_reply_fails_the_call_instead_of_hangi
             worker.call(add, 1)
     finally:
         worker.stop()
+
+
+ORPHAN_PARENT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from streamdedup.workers import WorkerProcess
+
+    def block(marker):
+        Path(marker).touch()
+        time.sleep(300)
+
+    if __name__ == "__main__":
+        worker = WorkerProcess(block, (sys.argv[1],), name="test-orphan")
+        print(worker.pid, flush=True)
+        time.sleep(300)
+    """
+)
+
+
+def test_a_busy_worker_dies_with_its_killed_parent(tmp_path: Path) -> None:
+    # Busy, so only the death signal can end it: an idle worker would also exit on its pipe's end-of-file.
+    script = tmp_path / "parent.py"
+    script.write_text(ORPHAN_PARENT)
+    marker = tmp_path / "busy"
+    with subprocess.Popen([sys.executable, str(script), str(marker)], stdout=subprocess.PIPE) as parent:
+        try:
+            assert parent.stdout is not None
+            worker = int(parent.stdout.readline())
+            deadline = time.monotonic() + 60
+            while not marker.exists():
+                assert time.monotonic() < deadline, "the worker never started its call"
+                time.sleep(0.01)
+        finally:
+            parent.kill()
+    deadline = time.monotonic() + 10
+    while _running(worker):
+        assert time.monotonic() < deadline, f"worker {worker} outlived its killed parent"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped by whoever inherited it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
