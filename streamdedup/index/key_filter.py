@@ -41,7 +41,9 @@ class KeyFilter:
         wanted = max(capacity, MIN_CAPACITY) * BITS_PER_KEY
         self._largest = max(3, min(max(key_bits), (MAX_BYTES * 8 // tables).bit_length() - 1))
         self.slot_bits = min(self._largest, max(3, (wanted - 1).bit_length()))
-        self.capacity = capacity
+        # What the bitmaps serve, not what was asked: the minimum size and the rounding up to a power of two
+        # must not bring a rebuild sooner (a small index would rebuild at every doubling).
+        self.capacity = (1 << self.slot_bits) // BITS_PER_KEY
         self.covers = covers
         self._identity = self.slot_bits >= max(key_bits)
         self._shift = np.uint64(64 - self.slot_bits)

@@ -44,7 +44,7 @@ def test_narrow_keys_get_a_bit_each_and_no_false_positive() -> None:
 
 def test_bitmaps_grow_with_capacity_up_to_the_memory_cap_and_no_further() -> None:
     small, large = KeyFilter([32] * 32, 1_000, 0), KeyFilter([32] * 32, 100_000_000, 0)
-    assert small.slot_bits == 20 and small.outgrown(2 * MIN_CAPACITY) and not small.outgrown(1_000)
+    assert small.slot_bits == 20 and small.outgrown(2 * MIN_CAPACITY) and not small.outgrown(MIN_CAPACITY)
     # 32 tables share MAX_BYTES: 2**25 bits each, whatever the capacity asked; a larger index gains nothing
     # from a rebuild, so none is asked for.
     assert large.slot_bits == 25 and not large.outgrown(10**9)
