@@ -23,6 +23,10 @@ from .workers import WorkerProcess
 
 __all__ = ["BatchPairs", "Signatures", "Signer", "SignerPool"]
 
+SIGNER_NICENESS = 10
+"""Signing workers run batches ahead of the decider, which is serial: when both want one core, the decider
+should have it (at nice 10 the scheduler gives a signer about a tenth of a contested core)."""
+
 
 @dataclass(frozen=True)
 class BatchPairs:
@@ -113,7 +117,8 @@ class SignerPool:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.workers = workers
         self._processes = [
-            WorkerProcess(Signer, (fingerprint, policy, plan), name=f"streamdedup-signer-{n}") for n in range(workers)
+            WorkerProcess(Signer, (fingerprint, policy, plan), name=f"streamdedup-signer-{n}", niceness=SIGNER_NICENESS)
+            for n in range(workers)
         ]
         self._turn = 0
         self._stopped = False

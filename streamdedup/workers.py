@@ -46,17 +46,20 @@ class WorkerProcess:
     The worker ignores SIGINT and SIGTERM (a Ctrl-C or a SIGTERM to the whole process group must not kill it
     under a batch the parent is finishing), and a parent killed outright takes it along (Linux:
     PR_SET_PDEATHSIG), so none goes on writing after a successor started. The death signal follows the thread
-    that spawned the worker: create it from a long-lived thread. ``stop`` is idempotent: the worker finishes
-    the calls already submitted and exits.
+    that spawned the worker: create it from a long-lived thread. ``niceness`` is added to the worker's
+    (``os.nice``): a helper with work queued ahead can yield the cores to the process it feeds. ``stop`` is
+    idempotent: the worker finishes the calls already submitted and exits.
     """
 
-    def __init__(self, initializer: Callable[..., Any], initargs: tuple[Any, ...] = (), *, name: str) -> None:
+    def __init__(
+        self, initializer: Callable[..., Any], initargs: tuple[Any, ...] = (), *, name: str, niceness: int = 0
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         calls_reader, self._calls = context.Pipe(duplex=False)
         self._results, results_writer = context.Pipe(duplex=False)
         self._process = context.Process(
             target=_serve,
-            args=(os.getpid(), calls_reader, results_writer, initializer, initargs),
+            args=(os.getpid(), calls_reader, results_writer, initializer, initargs, niceness),
             name=name,
             daemon=True,
         )
@@ -152,6 +155,7 @@ def _serve(
     results: Connection,
     initializer: Callable[..., Any],
     initargs: tuple[Any, ...],
+    niceness: int,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -159,6 +163,8 @@ def _serve(
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the parent died before the death signal was armed
             os._exit(1)
+    if niceness:
+        os.nice(niceness)
     try:
         state = initializer(*initargs)
     except BaseException as exc:

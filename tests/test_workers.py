@@ -82,6 +82,18 @@ def test_calls_submitted_without_waiting_queue_in_the_worker_and_resolve_in_orde
         worker.stop()
 
 
+def niceness(state: Counter) -> int:
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_a_worker_runs_at_the_niceness_asked_above_its_parents() -> None:
+    worker = WorkerProcess(Counter, (0,), name="test-nice", niceness=3)
+    try:
+        assert worker.call(niceness) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 3)
+    finally:
+        worker.stop()
+
+
 def test_an_argument_that_cannot_be_pickled_fails_its_own_call_only() -> None:
     worker = WorkerProcess(Counter, (1,), name="test-pickle")
     try:
