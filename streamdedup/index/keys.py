@@ -52,11 +52,12 @@ class TableKeys:
             return self
         renumbered = np.full(n, -1, dtype=np.intp)
         renumbered[rows] = np.arange(len(rows))
-        mapped = renumbered[self.rows]
-        kept = mapped >= 0
+        mapped = renumbered[self.rows].ravel()
+        # Flat positions, found once for three gathers: a 2-D boolean mask is several times slower on each.
+        kept = np.flatnonzero(mapped >= 0)
         shape = (len(self.keys), len(rows))
-        keys = self.keys[kept].reshape(shape)
-        values = self.values[kept].reshape(shape)
+        keys = self.keys.ravel()[kept].reshape(shape)
+        values = self.values.ravel()[kept].reshape(shape)
         return TableKeys(self.plan, mapped[kept].reshape(shape), keys, values, _runs(keys), self.folds[rows])
 
     def pairs(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
