@@ -174,6 +174,20 @@ def _expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.nd
     return low[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts), owner
 
 
+def _merged_sorted(
+    old_keys: np.ndarray, old_values: np.ndarray, keys: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (``keys`` ascending) merged into sorted rows, after the equal keys already there. Not ``np.insert``:
+    that sorts the positions again and builds its mask once per array."""
+    slots = np.searchsorted(old_keys, keys, side="right") + np.arange(len(keys))
+    old_slots = np.ones(len(old_keys) + len(keys), dtype=bool)
+    old_slots[slots] = False
+    merged_keys, merged_values = np.empty(len(old_slots), old_keys.dtype), np.empty(len(old_slots), old_values.dtype)
+    merged_keys[slots], merged_values[slots] = keys, values
+    merged_keys[old_slots], merged_values[old_slots] = old_keys, old_values
+    return merged_keys, merged_values
+
+
 def _orderable_time(times: np.ndarray) -> np.ndarray:
     """float64 -> uint64 whose unsigned order is the float order (negative times included)."""
     raw = np.ascontiguousarray(times, dtype=np.float64).view(np.uint64)
@@ -496,9 +510,7 @@ class SegmentIndex:
             return
         staged = self._staged(txn)  # before the put: a reload from the database must not see this batch
         txn.put(_staged_key(table, first_seq), self._join_rows(table, keys, values), db=self._staged_db)
-        old_keys, old_values = staged[table]
-        at = np.searchsorted(old_keys, keys, side="right")
-        staged[table] = (np.insert(old_keys, at, keys), np.insert(old_values, at, values))
+        staged[table] = _merged_sorted(*staged[table], keys, values)
         self._txn.changed = True
 
     def _merge_staged(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
