@@ -9,6 +9,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -150,3 +151,17 @@ def kafka_consume(kafka_bootstrap: str) -> Consume:
 
 
 # --- end of the Kafka section -----------------------------------------------------------------------------
+
+
+# --- Processes: what /proc says of a process (worker tests) -------------------------------------------------
+def process_state(pid: int) -> str | None:
+    """The process's state letter in /proc (R, S, D, Z, ...), or None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def process_running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped by whoever inherited it."""
+    return process_state(pid) not in (None, "Z")

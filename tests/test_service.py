@@ -42,7 +42,7 @@ from streamdedup.names import (
 from streamdedup.offline import open_index
 from streamdedup.service import DedupService
 from streamdedup.settings import Settings, load_settings
-from tests.conftest import OutRecord, consume_records, produce_records
+from tests.conftest import OutRecord, consume_records, process_running, process_state, produce_records
 
 pytestmark = pytest.mark.integration
 
@@ -500,7 +500,7 @@ def worker_children(pid: int) -> list[int]:
             command = Path(f"/proc/{child}/cmdline").read_bytes()
         except FileNotFoundError:
             continue
-        if b"spawn_main" in command and _running(int(child)):
+        if b"spawn_main" in command and process_running(int(child)):
             workers.append(int(child))
     return workers
 
@@ -555,17 +555,9 @@ async def test_workers_die_with_a_killed_service(kafka_bootstrap: str, topics: T
         process.send_signal(signal.SIGKILL)
         await asyncio.to_thread(process.wait, 30)
     try:
-        await wait_for(lambda: _async_true(not any(map(_running, children))), 10, "orphans to exit")
+        await wait_for(lambda: _async_true(not any(map(process_running, children))), 10, "orphans to exit")
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {_states(children)}") from None
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _states(pids: list[int]) -> dict[int, str]:
@@ -573,8 +565,8 @@ def _states(pids: list[int]) -> dict[int, str]:
     states = {}
     for pid in pids:
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            states[pid] = f"{state} in {Path(f'/proc/{pid}/wchan').read_text() or '-'}"
+            state = process_state(pid)
+            states[pid] = "gone" if state is None else f"{state} in {Path(f'/proc/{pid}/wchan').read_text() or '-'}"
         except FileNotFoundError:
             states[pid] = "gone"
     return states

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from streamdedup.workers import WorkerDied, WorkerProcess
+from tests.conftest import process_running
 
 
 class Counter:
@@ -186,14 +187,7 @@ def test_a_busy_worker_dies_with_its_killed_parent(tmp_path: Path) -> None:
         finally:
             parent.kill()
     deadline = time.monotonic() + 10
-    while _running(worker):
+    while process_running(worker):
         assert time.monotonic() < deadline, f"worker {worker} outlived its killed parent"
         time.sleep(0.05)
 
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie waiting to be reaped by whoever inherited it."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -41,13 +41,16 @@ class KeyFilter:
         wanted = max(capacity, MIN_CAPACITY) * BITS_PER_KEY
         self._largest = max(3, min(max(key_bits), (MAX_BYTES * 8 // tables).bit_length() - 1))
         self.slot_bits = min(self._largest, max(3, (wanted - 1).bit_length()))
-        # What the bitmaps serve, not what was asked: the minimum size and the rounding up to a power of two
-        # must not bring a rebuild sooner (a small index would rebuild at every doubling).
-        self.capacity = (1 << self.slot_bits) // BITS_PER_KEY
         self.covers = covers
         self._identity = self.slot_bits >= max(key_bits)
         self._shift = np.uint64(64 - self.slot_bits)
         self._bitmaps = np.zeros((tables, (1 << self.slot_bits) // 8), dtype=np.uint8)
+
+    @property
+    def capacity(self) -> int:
+        """Entries the bitmaps serve at ``BITS_PER_KEY`` bits a key: what was asked, rounded up to the minimum and
+        to a power of two (so a small index does not rebuild the filter at every doubling)."""
+        return (1 << self.slot_bits) // BITS_PER_KEY
 
     def useful(self, entries: int) -> bool:
         """Whether ``entries`` keys a table leave most of its bits clear (else nearly every key passes and
@@ -80,7 +83,7 @@ class KeyFilter:
         """Write the bitmaps and ``token`` to ``path`` (complete or not at all)."""
         partial = path.with_name(path.name + ".partial")
         with partial.open("wb") as out:
-            np.savez(out, token=np.frombuffer(token, dtype=np.uint8), capacity=np.int64(self.capacity), bitmaps=self._bitmaps)
+            np.savez(out, token=np.frombuffer(token, dtype=np.uint8), bitmaps=self._bitmaps)
         os.replace(partial, path)
 
     @classmethod
@@ -90,10 +93,12 @@ class KeyFilter:
             with np.load(path) as saved:
                 if saved["token"].tobytes() != token:
                     return None
-                key_filter = cls(key_bits, int(saved["capacity"]), covers)
-                if saved["bitmaps"].shape != key_filter._bitmaps.shape:
+                bitmaps = saved["bitmaps"]
+                # The bitmaps' width is the capacity they were built for.
+                key_filter = cls(key_bits, bitmaps.shape[-1] * 8 // BITS_PER_KEY, covers)
+                if bitmaps.shape != key_filter._bitmaps.shape:
                     return None
-                key_filter._bitmaps = saved["bitmaps"]
+                key_filter._bitmaps = bitmaps
                 return key_filter
         except (OSError, ValueError, KeyError):
             return None
