@@ -323,12 +323,13 @@ class FeatureExtractor:
             return polynomial[0]
 
         groups: list[_Group] = []
-        keys: list[np.ndarray] = []
+        identities: list[np.ndarray] = []
+        owner_lists: list[np.ndarray] = []
 
         def add(group: _Group, hashes: np.ndarray, lengths: np.ndarray | np.int64, owners: np.ndarray) -> None:
             groups.append(group)
-            # (document, identity) in one word: one plain sort orders a batch's occurrences.
-            keys.append((owners.astype(np.uint64) << _KEY_DOCUMENT_SHIFT) | self._identity(hashes, lengths))
+            identities.append(self._identity(hashes, lengths))
+            owner_lists.append(owners)
 
         word_sizes = self.settings.word_ngrams
         if word_sizes or len(self._excluded):
@@ -397,7 +398,7 @@ class FeatureExtractor:
         without_words = np.flatnonzero(~wordy & (batch.lengths > 0))
         if len(without_words):
             self._add_symbol_grams(batch, without_words, add)
-        return self._collect(batch.lengths, groups, keys)
+        return self._collect(batch.lengths, groups, identities, owner_lists)
 
     def _add_symbol_grams(
         self, batch: CodePointBatch, documents: np.ndarray, add: Callable[[_Group, np.ndarray, np.ndarray, np.ndarray], None]
@@ -434,14 +435,15 @@ class FeatureExtractor:
         text = _PolynomialText(batch.code_points)
         return self._identity(text.span_hashes(batch.starts, batch.starts + batch.lengths), batch.lengths)
 
-    def _collect(self, lengths: np.ndarray, groups: list[_Group], group_keys: list[np.ndarray]) -> FeatureBatch:
-        """The features of documents of these ``lengths`` (code points) from the (document, identity) key of
-        each feature occurrence, found as ``groups``."""
+    def _collect(
+        self, lengths: np.ndarray, groups: list[_Group], identities: list[np.ndarray], owners: list[np.ndarray]
+    ) -> FeatureBatch:
+        """The features of documents of these ``lengths`` (code points) from the identity and document of each
+        feature occurrence, found as ``groups``."""
         document_count = len(lengths)
-        keys = np.concatenate(group_keys) if group_keys else np.empty(0, dtype=np.uint64)
-        group_sizes = [len(each) for each in group_keys]
+        group_sizes = [len(each) for each in identities]
         if not self.least:
-            return self._distinct(document_count, groups, group_sizes, keys)
+            return self._distinct(document_count, groups, group_sizes, _occurrence_keys(identities, owners))
         # Only each document's ``least`` features of least identity are wanted: first keep the occurrences
         # under a bound that leaves several times that many (sorting all of a long document's features costs
         # more than hashing them), then lift the bound for any document that this left short. A document's
@@ -451,11 +453,17 @@ class FeatureExtractor:
         bounds = (share * float(_IDENTITY_LIMIT)).astype(np.uint64)
         while True:
             if (bounds == _IDENTITY_LIMIT).all():
-                features = self._distinct(document_count, groups, group_sizes, keys)
+                features = self._distinct(document_count, groups, group_sizes, _occurrence_keys(identities, owners))
             else:
-                owner_bounds = bounds[(keys >> _KEY_DOCUMENT_SHIFT).astype(np.intp)]
-                positions = np.flatnonzero((keys & _IDENTITY_MASK) < owner_bounds)
-                features = self._distinct(document_count, groups, group_sizes, keys[positions], positions)
+                # Cut before the keys are made: a long document keeps a few percent of its occurrences.
+                hits = [np.flatnonzero(each < bounds[owner]) for each, owner in zip(identities, owners, strict=True)]
+                keys = _occurrence_keys(
+                    [each[hit] for each, hit in zip(identities, hits, strict=True)],
+                    [owner[hit] for owner, hit in zip(owners, hits, strict=True)],
+                )
+                starts = np.cumsum([0, *group_sizes]).tolist()
+                positions = np.concatenate([np.empty(0, dtype=np.intp), *(hit + start for hit, start in zip(hits, starts))])
+                features = self._distinct(document_count, groups, group_sizes, keys, positions)
             short = (features.counts < self.least) & (bounds < _IDENTITY_LIMIT)
             if not short.any():
                 return features
@@ -563,6 +571,15 @@ class FeatureExtractor:
         raw = b"".join(digest(text.encode("utf-8", "surrogatepass"), self.seed, words) for text in texts)
         table = np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(distinct), words)
         return table[inverse.reshape(-1)]
+
+
+def _occurrence_keys(identities: list[np.ndarray], owners: list[np.ndarray]) -> np.ndarray:
+    """(document, identity) of every occurrence in one word: one plain sort orders a batch's occurrences."""
+    if not identities:
+        return np.empty(0, dtype=np.uint64)
+    return np.concatenate(
+        [(owner.astype(np.uint64) << _KEY_DOCUMENT_SHIFT) | each for each, owner in zip(identities, owners, strict=True)]
+    )
 
 
 def _word_grams(
