@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -93,20 +94,11 @@ class Deduplicator:
         matches = self._stored_matches(ids, fps, times, sketches, indexable, keys)
         self._resolve_within_batch(ids, times, pairs, matches)
 
-        verdicts = []
-        for row, fingerprint in enumerate(fps):
-            if not indexable[row]:
-                verdicts.append(Verdict(True, "unindexable", fingerprint, error=signatures.errors[row]))
-            elif row in matches:
-                match_id, distance, jaccard = matches[row]
-                exact = distance == 0 and (not self._verify or jaccard >= 1.0)
-                verdicts.append(Verdict(False, "exact" if exact else "near", fingerprint, match_id, distance, jaccard))
-            else:
-                verdicts.append(Verdict(True, "novel", fingerprint))
-
-        looked_up = time.perf_counter()
         duplicate = np.zeros(len(docs), dtype=bool)
         duplicate[list(matches)] = True
+        verdicts = self._verdicts(fps, indexable, duplicate, matches, signatures.errors)
+
+        looked_up = time.perf_counter()
         keep = np.flatnonzero(indexable & ~duplicate)
         self.index.add(
             [ids[row] for row in keep],
@@ -119,6 +111,31 @@ class Deduplicator:
         )
         self.last_timings = BatchTimings(fingerprinted - started, looked_up - fingerprinted, time.perf_counter() - looked_up)
         return verdicts
+
+    def _verdicts(
+        self,
+        fps: np.ndarray,
+        indexable: np.ndarray,
+        duplicate: np.ndarray,
+        matches: dict[int, tuple[str, int, float]],
+        errors: tuple[str | None, ...],
+    ) -> list[Verdict]:
+        """One verdict per row, built column by column: a Python step only for the duplicates and the rows
+        that cannot be indexed, not for every row."""
+        count = len(fps)
+        reasons: list[Reason] = ["novel"] * count
+        match_ids: list[str | None] = [None] * count
+        distances: list[int | None] = [None] * count
+        jaccards: list[float | None] = [None] * count
+        for row in np.flatnonzero(~indexable).tolist():
+            reasons[row] = "unindexable"
+        for row, (match_id, distance, jaccard) in matches.items():
+            exact = distance == 0 and (not self._verify or jaccard >= 1.0)
+            reasons[row] = "exact" if exact else "near"
+            match_ids[row], distances[row], jaccards[row] = match_id, distance, jaccard
+        columns = zip((~duplicate).tolist(), reasons, list(fps), match_ids, distances, jaccards, errors, strict=True)
+        # tuple.__new__ is what Verdict._make calls, here without a Python-level call per row.
+        return list(map(tuple.__new__, repeat(Verdict, count), columns))
 
     def _accepts(self, jaccard: np.ndarray) -> np.ndarray:
         return jaccard >= self._min_jaccard if self._verify else np.ones(len(jaccard), dtype=bool)
