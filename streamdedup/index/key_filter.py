@@ -73,8 +73,8 @@ class KeyFilter:
         bits = np.left_shift(np.uint8(1), (slots & np.uint64(7)).astype(np.uint8)).ravel()
         np.bitwise_or.at(self._bitmaps.reshape(-1), positions.astype(np.intp), bits)
 
-    def may_contain(self, table: int, keys: np.ndarray) -> np.ndarray:
-        """False where ``keys`` are certainly absent from ``table``."""
+    def may_contain(self, table: int | np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """False where ``keys`` are certainly absent from ``table`` (or from ``table[i]`` each, given an array)."""
         slots = self._slots(keys)
         found = self._bitmaps[table, (slots >> np.uint64(3)).astype(np.intp)] >> (slots & np.uint64(7)).astype(np.uint8)
         return (found & 1).astype(bool)

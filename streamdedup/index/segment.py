@@ -597,6 +597,19 @@ class SegmentIndex:
             raise ValueError(f"table keys for {len(keys)} rows do not fit {len(fps)} fingerprints")
         return keys
 
+    def _folds_from_found(self, table_of: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """``_folds_from_rows`` of rows from several tables (``table_of`` each)."""
+        if self.words > 1:
+            return values
+        folds = np.empty(len(values), dtype=np.uint64)
+        order = np.argsort(table_of, kind="stable")
+        bounds = np.searchsorted(table_of[order], np.arange(len(self._tables) + 1)).tolist()
+        for table in range(len(self._tables)):
+            rows = order[bounds[table] : bounds[table + 1]]
+            if len(rows):
+                folds[rows] = self._folds_from_rows(table, keys[rows], values[rows])
+        return folds
+
     def _folds_from_rows(self, table: int, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Rebuild the 64-bit folds of table rows (the inverse of the key/value split)."""
         if self.words > 1:
@@ -626,51 +639,61 @@ class SegmentIndex:
             return empty, None
         radius = self.radius
         batch_keys = self._keys(fps, keys)
+        tables = len(self._tables)
         probes = batch_keys.runs & (batch_keys.keys != 0) if batch_keys.unkeyed_zero else batch_keys.runs
-        staged = self._staged(txn)
+        # Every table's probes as flat (table, position) indices, table after table: the work around the reads
+        # runs once over all tables, where a loop per table pays numpy's call overhead 32 times.
+        flat = np.flatnonzero(probes.ravel())
         key_filter = self._trusted_key_filter(txn)
-        run_ends = None
-        near_rows, near_folds = [], []
+        if key_filter is not None and len(flat):
+            flat = flat[key_filter.may_contain(flat // n, batch_keys.keys.ravel()[flat])]
+        probed = batch_keys.keys.ravel()[flat]
+        table_bounds = np.searchsorted(flat, np.arange(tables + 1) * n).tolist()
+        staged = self._staged(txn)
+        found_probes, found_values = [], []
         for table, db in enumerate(self._tables):
-            kb, vb = self._key_bytes[table], self._value_bytes[table]
-            positions = np.flatnonzero(probes[table])
-            if key_filter is not None and len(positions):
-                positions = positions[key_filter.may_contain(table, batch_keys.keys[table, positions])]
-            if not len(positions):
+            low, high = table_bounds[table], table_bounds[table + 1]
+            if low == high:
                 continue
-            probed = batch_keys.keys[table, positions]
+            table_probed = probed[low:high]
             with txn.cursor(db) as cursor:
-                raw = cursor.getmulti(_int_bytes(probed, kb), dupdata=True, dupfixed_bytes=vb, keyfixed=True)
-            found_keys, stored = self._split_rows(table, raw)
-            probe_of = _bucket_owners(found_keys, probed)
+                raw = cursor.getmulti(
+                    _int_bytes(table_probed, self._key_bytes[table]),
+                    dupdata=True,
+                    dupfixed_bytes=self._value_bytes[table],
+                    keyfixed=True,
+                )
+            if raw:
+                found_keys, stored = self._split_rows(table, raw)
+                found_probes.append(low + _bucket_owners(found_keys, table_probed))
+                found_values.append(stored)
             staged_keys, staged_values = staged[table]
             if len(staged_keys):
                 staged_rows, staged_probe = _expand_ranges(
-                    np.searchsorted(staged_keys, probed, side="left"),
-                    np.searchsorted(staged_keys, probed, side="right"),
+                    np.searchsorted(staged_keys, table_probed, side="left"),
+                    np.searchsorted(staged_keys, table_probed, side="right"),
                 )
-                stored = np.concatenate([stored, staged_values[staged_rows]])
-                probe_of = np.concatenate([probe_of, staged_probe])
-            if not len(stored):
-                continue
-            found_at = positions[probe_of]
-            # Each stored row pairs with every batch row of its key's run (usually one).
-            run_ends = batch_keys.run_ends() if run_ends is None else run_ends
-            shared = np.flatnonzero(run_ends[table, found_at] - found_at > 1)
-            if len(shared):
-                # Only rows whose key several batch rows share get copies, one per further batch row.
-                more_at, source = _expand_ranges(found_at[shared] + 1, run_ends[table, found_at[shared]])
-                source = shared[source]
-                found_at = np.concatenate([found_at, more_at])
-                stored, probe_of = np.concatenate([stored, stored[source]]), np.concatenate([probe_of, probe_of[source]])
-            # Candidates outside the radius go before anything else is built for them.
-            near = np.bitwise_count(stored ^ batch_keys.values[table, found_at]) <= radius
-            if near.any():
-                near_rows.append(batch_keys.rows[table, found_at[near]])
-                near_folds.append(self._folds_from_rows(table, probed[probe_of[near]], stored[near]))
-        if not near_rows:
+                found_probes.append(low + staged_probe)
+                found_values.append(staged_values[staged_rows])
+        if not found_probes:
             return empty, None
-        qi, folds_found = np.concatenate(near_rows), np.concatenate(near_folds)
+        probe_of, stored = np.concatenate(found_probes), np.concatenate(found_values)
+        found_at = flat[probe_of]
+        # Each stored row pairs with every batch row of its key's run (usually one).
+        run_ends = (batch_keys.run_ends() + np.arange(tables)[:, None] * n).ravel()
+        shared = np.flatnonzero(run_ends[found_at] - found_at > 1)
+        if len(shared):
+            # Only rows whose key several batch rows share get copies, one per further batch row.
+            more_at, source = _expand_ranges(found_at[shared] + 1, run_ends[found_at[shared]])
+            source = shared[source]
+            found_at = np.concatenate([found_at, more_at])
+            stored, probe_of = np.concatenate([stored, stored[source]]), np.concatenate([probe_of, probe_of[source]])
+        # Candidates outside the radius go before anything else is built for them.
+        near = np.flatnonzero(np.bitwise_count(stored ^ batch_keys.values.ravel()[found_at]) <= radius)
+        if not len(near):
+            return empty, None
+        qi = batch_keys.rows.ravel()[found_at[near]]
+        folds_found = self._folds_from_found(found_at[near] // n, probed[probe_of[near]], stored[near])
         # A pair found through several tables counts once.
         order = np.lexsort((folds_found, qi))
         qi, folds_found = qi[order], folds_found[order]

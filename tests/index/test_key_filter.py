@@ -40,6 +40,10 @@ def test_narrow_keys_get_a_bit_each_and_no_false_positive() -> None:
     everything = np.arange(2**16, dtype=np.uint64)
     assert np.flatnonzero(key_filter.may_contain(0, everything)).tolist() == [0, 7, 65535]
     assert np.flatnonzero(key_filter.may_contain(1, everything)).tolist() == [1, 2, 3]
+    # A table per key: each key asked of its own table.
+    tables = np.array([0, 1, 0, 1, 1])
+    asked = np.array([7, 7, 3, 3, 65535], dtype=np.uint64)
+    assert key_filter.may_contain(tables, asked).tolist() == [True, False, False, True, False]
 
 
 def test_bitmaps_grow_with_capacity_up_to_the_memory_cap_and_no_further() -> None:
