@@ -10,10 +10,10 @@ what the index holds is exactly what was published.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from .index import SegmentIndex, TableKeys
 from .settings import Settings
 from .signature import BatchPairs, Signatures, Signer
 
-__all__ = ["BatchTimings", "Deduplicator", "Verdict"]
+__all__ = ["BatchTimings", "Deduplicator", "Verdict", "Verdicts"]
 
 Reason = Literal["novel", "exact", "near", "unindexable"]
 
@@ -38,6 +38,57 @@ class Verdict(NamedTuple):
     distance: int | None = None
     jaccard: float | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdicts(Sequence[Verdict]):
+    """A batch's verdicts, column by column: ``novel`` and ``fingerprints`` as arrays for whoever reads the
+    batch whole, and each row as a :class:`Verdict` on indexing or iteration (built then, not stored: a stored
+    tuple per document costs its construction and the garbage collector's visits)."""
+
+    novel: np.ndarray
+    reasons: list[Reason]
+    fingerprints: np.ndarray
+    match_ids: list[str | None]
+    distances: list[int | None]
+    jaccards: list[float | None]
+    errors: tuple[str | None, ...]
+
+    def __len__(self) -> int:
+        return len(self.reasons)
+
+    @overload
+    def __getitem__(self, row: int) -> Verdict: ...
+
+    @overload
+    def __getitem__(self, row: slice) -> list[Verdict]: ...
+
+    def __getitem__(self, row: int | slice) -> Verdict | list[Verdict]:
+        if isinstance(row, slice):
+            return [self[each] for each in range(*row.indices(len(self)))]
+        return Verdict(
+            bool(self.novel[row]),
+            self.reasons[row],
+            self.fingerprints[row],
+            self.match_ids[row],
+            self.distances[row],
+            self.jaccards[row],
+            self.errors[row],
+        )
+
+    def __iter__(self) -> Iterator[Verdict]:
+        columns = zip(
+            self.novel.tolist(),
+            self.reasons,
+            list(self.fingerprints),
+            self.match_ids,
+            self.distances,
+            self.jaccards,
+            self.errors,
+            strict=True,
+        )
+        # tuple.__new__ is what Verdict._make calls, here without a Python-level call per row.
+        return map(tuple.__new__, repeat(Verdict), columns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +121,7 @@ class Deduplicator:
         *,
         source_offsets: Mapping[tuple[str, int], int] | None = None,
         signatures: Signatures | None = None,
-    ) -> list[Verdict]:
+    ) -> Verdicts:
         """Verdicts for ``docs`` in order; kept documents and ``source_offsets`` stored in one transaction.
 
         ``signatures`` of the documents' texts, when signed elsewhere (a :class:`SignerPool`), save signing here;
@@ -119,9 +170,8 @@ class Deduplicator:
         duplicate: np.ndarray,
         matches: dict[int, tuple[str, int, float]],
         errors: tuple[str | None, ...],
-    ) -> list[Verdict]:
-        """One verdict per row, built column by column: a Python step only for the duplicates and the rows
-        that cannot be indexed, not for every row."""
+    ) -> Verdicts:
+        """The batch's verdicts: a Python step only for the duplicates and the rows that cannot be indexed."""
         count = len(fps)
         reasons: list[Reason] = ["novel"] * count
         match_ids: list[str | None] = [None] * count
@@ -133,9 +183,7 @@ class Deduplicator:
             exact = distance == 0 and (not self._verify or jaccard >= 1.0)
             reasons[row] = "exact" if exact else "near"
             match_ids[row], distances[row], jaccards[row] = match_id, distance, jaccard
-        columns = zip((~duplicate).tolist(), reasons, list(fps), match_ids, distances, jaccards, errors, strict=True)
-        # tuple.__new__ is what Verdict._make calls, here without a Python-level call per row.
-        return list(map(tuple.__new__, repeat(Verdict, count), columns))
+        return Verdicts(~duplicate, reasons, fps, match_ids, distances, jaccards, tuple(errors))
 
     def _accepts(self, jaccard: np.ndarray) -> np.ndarray:
         return jaccard >= self._min_jaccard if self._verify else np.ones(len(jaccard), dtype=bool)

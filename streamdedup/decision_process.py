@@ -16,9 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .decide import BatchTimings, Deduplicator, Verdict
+from .decide import BatchTimings, Deduplicator, Verdicts
 from .document import Document
 from .index import IndexPlan
 from .lifecycle import Lifecycle
@@ -43,10 +41,10 @@ class _DecisionCore:
 
     def decide(
         self, rows: list[_DocumentRow], source_offsets: Mapping[tuple[str, int], int], signatures: Signatures | None
-    ) -> tuple[_PackedVerdicts, BatchTimings]:
+    ) -> tuple[Verdicts, BatchTimings]:
         docs = [Document(*row) for row in rows]
         verdicts = self.dedup.decide(docs, source_offsets=source_offsets, signatures=signatures)
-        return _pack(verdicts, self.dedup.settings.fingerprint.width // 64), self.dedup.last_timings
+        return verdicts, self.dedup.last_timings
 
     def source_offsets(self) -> dict[tuple[str, int], int]:
         return self.index.source_offsets()
@@ -66,24 +64,9 @@ class _DecisionCore:
         self.index.close()
 
 
-# Documents and verdicts cross the process boundary as plain tuples and one fingerprint array: pickling a
-# named tuple costs about seven times a plain one, and an array per verdict far more.
+# Documents cross the process boundary as plain tuples (pickling a named tuple costs about seven times a plain
+# one); verdicts as their columns.
 _DocumentRow = tuple[str, str, float, "tuple[str, int, int] | None"]
-_VerdictRow = tuple[bool, str, "str | None", "int | None", "float | None", "str | None"]
-_PackedVerdicts = tuple[np.ndarray, list[_VerdictRow]]
-
-
-def _pack(verdicts: list[Verdict], words: int) -> _PackedVerdicts:
-    fingerprints = np.stack([v.fingerprint for v in verdicts]) if verdicts else np.zeros((0, words), np.uint64)
-    return fingerprints, [(v.novel, v.reason, v.match_id, v.distance, v.jaccard, v.error) for v in verdicts]
-
-
-def _unpack(packed: _PackedVerdicts) -> list[Verdict]:
-    fingerprints, rows = packed
-    return [
-        Verdict(novel, reason, fingerprint, match_id, distance, jaccard, error)  # type: ignore[arg-type]
-        for fingerprint, (novel, reason, match_id, distance, jaccard, error) in zip(fingerprints, rows, strict=True)
-    ]
 
 
 def _method(core: _DecisionCore, name: str, *args: Any) -> Any:
@@ -150,7 +133,7 @@ class DecisionProcess(Lifecycle):
         *,
         source_offsets: Mapping[tuple[str, int], int],
         signatures: Signatures | None,
-    ) -> asyncio.Task[tuple[list[Verdict], BatchTimings]]:
+    ) -> asyncio.Task[tuple[Verdicts, BatchTimings]]:
         """Queue the decision of ``docs`` behind those already queued (``Deduplicator.decide``: kept documents
         and ``source_offsets`` stored in one LMDB transaction); the task gives the verdicts and stage timings.
         Queued, the next batch starts the moment the last one is done, without waiting for this process."""
@@ -160,9 +143,9 @@ class DecisionProcess(Lifecycle):
         decision = self._submit("decide", rows, dict(source_offsets), signatures)
         return asyncio.ensure_future(self._verdicts(decision))
 
-    async def _verdicts(self, decision: asyncio.Future[Any]) -> tuple[list[Verdict], BatchTimings]:
-        packed, timings = await self._died_as_decision_process("decide", decision)
-        return _unpack(packed), timings
+    async def _verdicts(self, decision: asyncio.Future[Any]) -> tuple[Verdicts, BatchTimings]:
+        result: tuple[Verdicts, BatchTimings] = await self._died_as_decision_process("decide", decision)
+        return result
 
     async def source_offsets(self) -> dict[tuple[str, int], int]:
         offsets: dict[tuple[str, int], int] = await self._call("source_offsets")

@@ -18,7 +18,7 @@ from typing import BinaryIO, TypeVar
 
 from tqdm import tqdm
 
-from .decide import Deduplicator, Verdict
+from .decide import Deduplicator, Verdict, Verdicts
 from .document import DeadLetter, Document, DocumentDecoder
 from .index import IndexPlan, SegmentIndex, planned
 from .settings import Settings
@@ -78,7 +78,7 @@ def signer_pool(settings: Settings, plan: IndexPlan | None = None) -> SignerPool
 
 def decide_batches(
     dedup: Deduplicator, batches: Iterable[tuple[_Tag, list[Document]]], pool: SignerPool | None
-) -> Iterator[tuple[_Tag, list[Document], list[Verdict]]]:
+) -> Iterator[tuple[_Tag, list[Document], Verdicts]]:
     """Each (tag, batch) with the batch's verdicts, in order. With a pool, the batches after this one are
     read and signed in the workers while this one is decided, two ahead per worker: with one, a worker that
     shared the cores with deciding could still be signing the next batch when it was wanted."""
@@ -94,7 +94,7 @@ def decide_batches(
 
 def _decided(
     dedup: Deduplicator, tag: _Tag, docs: list[Document], signing: Future[Signatures] | None
-) -> tuple[_Tag, list[Document], list[Verdict]]:
+) -> tuple[_Tag, list[Document], Verdicts]:
     return tag, docs, dedup.decide(docs, signatures=None if signing is None else signing.result())
 
 

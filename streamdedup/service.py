@@ -25,13 +25,12 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-import numpy as np
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from .decide import BatchTimings, Verdict
+from .decide import BatchTimings, Verdict, Verdicts
 from .decision_process import DecisionProcess, DecisionProcessDied
 from .fingerprint import fingerprint_hex
 from .document import DeadLetter, Document, DocumentDecoder
@@ -77,7 +76,7 @@ class _Decided:
 
     records: Sequence[ConsumerRecord]
     next_offsets: dict[TopicPartition, int]
-    verdicts: list[Verdict]
+    verdicts: Verdicts
     outgoing: list[OutgoingRecord]
     dropped: list[tuple[Document, Verdict]]
     dead: list[DeadLetter]
@@ -283,7 +282,7 @@ class DedupService(Lifecycle):
         is fetched, decided batches are not published, and reconciliation rolls the index back so that they
         are fetched again from the committed offsets.
         """
-        deciding: deque[tuple[_Prepared, asyncio.Task[list[Verdict]]]] = deque()
+        deciding: deque[tuple[_Prepared, asyncio.Task[Verdicts]]] = deque()
         ahead: _Prepared | None = None  # fetched, and signed meanwhile, while the decision process is full
         try:
             while deciding or not self._stopping.is_set():
@@ -461,17 +460,17 @@ class DedupService(Lifecycle):
         signing = None if signers is None else signers.submit([doc.text for _, doc in documents])
         return _Prepared(records, decoded, documents, next_offsets, signers, signing, started)
 
-    def _decided(self, prepared: _Prepared, verdicts: list[Verdict]) -> _Decided:
+    def _decided(self, prepared: _Prepared, verdicts: Verdicts) -> _Decided:
         """What to publish for a decided batch; nothing goes to Kafka here."""
         records = prepared.records
         outgoing, dropped, dead = self._outgoing(records, prepared.decoded, prepared.documents, verdicts)
         return _Decided(records, prepared.next_offsets, verdicts, outgoing, dropped, dead, prepared.started)
 
-    async def _verdicts(self, prepared: _Prepared) -> list[Verdict]:
+    async def _verdicts(self, prepared: _Prepared) -> Verdicts:
         """The batch's verdicts, its kept documents and input offsets stored in one LMDB transaction."""
         return await (await self._submit_decision(prepared))
 
-    async def _submit_decision(self, prepared: _Prepared) -> asyncio.Task[list[Verdict]]:
+    async def _submit_decision(self, prepared: _Prepared) -> asyncio.Task[Verdicts]:
         """Once the batch is signed, queue it in the decision process; the task gives its verdicts."""
         await self._maintain_index()
         documents, next_offsets = prepared.documents, prepared.next_offsets
@@ -488,8 +487,8 @@ class DedupService(Lifecycle):
         return asyncio.create_task(self._recorded(decision, signing_seconds))
 
     async def _recorded(
-        self, decision: asyncio.Task[tuple[list[Verdict], BatchTimings]], signing_seconds: float
-    ) -> list[Verdict]:
+        self, decision: asyncio.Task[tuple[Verdicts, BatchTimings]], signing_seconds: float
+    ) -> Verdicts:
         verdicts, timings = await decision
         # Fingerprinting is the wait for the signing workers, or the signing in the thread without them.
         self.metrics.observe(Stage.FINGERPRINT, signing_seconds + timings.fingerprint)
@@ -518,11 +517,11 @@ class DedupService(Lifecycle):
         records: Sequence[ConsumerRecord],
         decoded: Sequence[Document | DeadLetter],
         documents: Sequence[tuple[ConsumerRecord, Document]],
-        verdicts: Sequence[Verdict],
+        verdicts: Verdicts,
     ) -> tuple[list[OutgoingRecord], list[tuple[Document, Verdict]], list[DeadLetter]]:
         """Records to publish in input order: novel -> output, duplicate -> duplicates topic, bad -> DLQ."""
         kafka = self.settings.kafka
-        hexes = fingerprint_hex(np.stack([verdict.fingerprint for verdict in verdicts])) if verdicts else []
+        hexes = fingerprint_hex(verdicts.fingerprints) if len(verdicts) else []
         verdict_of = {
             id(record): (doc, verdict, hex_value)
             for (record, doc), verdict, hex_value in zip(documents, verdicts, hexes, strict=True)

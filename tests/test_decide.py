@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamdedup.decide import Deduplicator
+from streamdedup.decide import Deduplicator, Verdict
 from streamdedup.document import Document
 from streamdedup.offline import open_index
 from streamdedup.quality.corpus import load_stream
@@ -44,6 +44,26 @@ def test_novel_exact_and_near_verdicts(settings: Settings, tmp_path: Path) -> No
     assert [v.reason for v in verdicts] == ["novel", "exact", "near", "novel"]
     assert verdicts[1].match_id == "d0" and verdicts[1].distance == 0
     assert verdicts[2].match_id == "d0" and 0.6 <= verdicts[2].jaccard < 1.0
+
+
+def test_a_batch_of_verdicts_reads_as_columns_and_as_rows(settings: Settings, tmp_path: Path) -> None:
+    texts = [BASE, BASE.replace("lazy", "sleepy"), "https://example.com/only-a-link"]
+    with open_index(settings, tmp_path / "idx") as index:
+        verdicts = Deduplicator(settings, index).decide(docs(texts))
+    assert len(verdicts) == 3
+    assert verdicts.novel.tolist() == [True, False, True]
+    assert verdicts.reasons == ["novel", "near", "unindexable"]
+    assert verdicts.fingerprints.shape == (3, settings.fingerprint.width // 64)
+
+    def fields(verdict: Verdict) -> tuple[object, ...]:
+        return (*verdict[:2], verdict.fingerprint.tolist(), *verdict[3:])
+
+    rows = [fields(verdicts[row]) for row in range(3)]
+    assert [fields(verdict) for verdict in verdicts] == rows
+    assert [fields(verdict) for verdict in verdicts[1:]] == rows[1:]
+    assert rows[1][:2] == (False, "near") and rows[1][3] == "d0" and rows[1][4] == verdicts.distances[1]
+    assert verdicts.errors == (None, None, None)  # a text without features is unindexable, not an error
+    assert type(verdicts[0]) is Verdict and type(next(iter(verdicts))) is Verdict
 
 
 def test_duplicates_are_not_indexed_and_match_the_kept_original(settings: Settings, tmp_path: Path) -> None:
@@ -103,5 +123,5 @@ def test_verification_off_drops_on_the_hamming_lookup_alone(settings: Settings, 
 def test_a_batch_without_documents_still_stores_its_source_offsets(settings: Settings, tmp_path: Path) -> None:
     # A batch of nothing but dead letters must still move the index's offsets with Kafka's.
     with open_index(settings, tmp_path / "idx") as index:
-        assert Deduplicator(settings, index).decide([], source_offsets={("t", 0): 42}) == []
+        assert list(Deduplicator(settings, index).decide([], source_offsets={("t", 0): 42})) == []
         assert index.source_offsets() == {("t", 0): 42} and len(index) == 0

@@ -85,7 +85,7 @@ def streamdedup_drops(docs: Sequence[BenchDoc], settings: Settings, pool: Signer
             nullcontext(pool) if pool is not None else signer_pool(settings) as signers,
         ):
             for start, batch, verdicts in decide_batches(Deduplicator(settings, index), batches, signers):
-                dropped[start : start + len(batch)] = [not verdict.novel for verdict in verdicts]
+                dropped[start : start + len(batch)] = ~verdicts.novel
     return dropped
 
 
