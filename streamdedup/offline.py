@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
+import numpy as np
 from tqdm import tqdm
 
-from .decide import Deduplicator, Verdict, Verdicts
+from .decide import Deduplicator, Verdicts
 from .document import DeadLetter, Document, DocumentDecoder
 from .index import IndexPlan, SegmentIndex, planned
 from .settings import Settings
@@ -105,11 +106,16 @@ def dedup_file(
     *,
     work_dir: Path,
     dead_letter_path: Path | None = None,
-    batch_size: int = 2048,
+    batch_size: int | None = None,
     progress: bool | None = None,
     max_examples: int = 5,
+    signers: SignerPool | None = None,
 ) -> DedupSummary:
-    """Write the records of ``input_path`` that are not near-duplicates of earlier ones to ``output_path``."""
+    """Write the records of ``input_path`` that are not near-duplicates of earlier ones to ``output_path``.
+
+    Batches of ``batch_size`` records (default ``dedup.batch_size``); ``signers``: a running pool to sign with
+    (left running), else the configured workers are started for this file."""
+    batch_size = batch_size or settings.dedup.batch_size
     # JSONL records carry their own id; Kafka's default (topic-partition-offset) has no meaning here.
     decoder = DocumentDecoder(settings.input.model_copy(update={"id_field": settings.input.id_field or "id"}))
     summary = DedupSummary()
@@ -136,7 +142,7 @@ def dedup_file(
 
     with (
         open_index(settings, work_dir, durable=False) as index,
-        signer_pool(settings, index.plan) as pool,
+        nullcontext(signers) if signers is not None else signer_pool(settings, index.plan) as pool,
         input_path.open("rb") as source,
         output_path.open("wb") as kept_out,
         dead_letter_path.open("wb") as dead_out,
@@ -144,21 +150,20 @@ def dedup_file(
     ):
         batches = decide_batches(Deduplicator(settings, index), documents(source, dead_out), pool)
         for (lines, size), docs, verdicts in batches:
-            for line, doc, verdict in zip(lines, docs, verdicts, strict=True):
-                _record(summary, doc, verdict, max_examples)
-                if verdict.novel:
-                    kept_out.write(_with_newline(line))
+            _account(summary, docs, verdicts, max_examples)
+            novel = verdicts.novel.tolist()
+            kept_out.writelines(_with_newline(line) for line, kept in zip(lines, novel, strict=True) if kept)
             bar.update(size)
     return summary
 
 
-def _record(summary: DedupSummary, doc: Document, verdict: Verdict, max_examples: int) -> None:
-    if verdict.novel:
-        summary.kept += 1
-        return
-    summary.dropped[verdict.reason] += 1
-    if len(summary.examples) < max_examples and verdict.match_id is not None:
-        summary.examples.append((doc.id, verdict.match_id, verdict.distance or 0))
+def _account(summary: DedupSummary, docs: list[Document], verdicts: Verdicts, max_examples: int) -> None:
+    """Count a decided batch from its verdicts' columns: a Python step per duplicate, none per kept document."""
+    duplicates = np.flatnonzero(~verdicts.novel).tolist()
+    summary.kept += len(docs) - len(duplicates)
+    summary.dropped.update(verdicts.reasons[row] for row in duplicates)
+    for row in duplicates[: max(0, max_examples - len(summary.examples))]:
+        summary.examples.append((docs[row].id, verdicts.match_ids[row] or "", verdicts.distances[row] or 0))
 
 
 def _batches(source: BinaryIO, size: int) -> Iterator[list[bytes]]:

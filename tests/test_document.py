@@ -52,6 +52,7 @@ def test_text_format_takes_the_whole_value() -> None:
         (b'{"text": "unterminated', {}, "invalid_json", "invalid JSON"),
         (b'["text"]', {}, "invalid_json", "expected a JSON object, got list"),
         (b"[" * 100000, {}, "invalid_json", "invalid JSON"),
+        (b'\xef\xbb\xbf{"text": "a"}', {}, "invalid_json", "BOM"),
         (b'{"body": "x"}', {}, "missing_field", "'text'"),
         (b'{"text": null}', {}, "missing_field", "'text'"),
         (b'{"text": {"a": 1}}', {}, "missing_field", "'text'"),
@@ -72,6 +73,23 @@ def test_bad_input_becomes_a_dead_letter_naming_the_reason(
     assert (letter.reason, letter.id) == (reason, "t-0-7")
     assert detail in letter.detail
     assert letter.reason in DEAD_LETTER_REASONS
+
+
+@pytest.mark.parametrize(
+    ("value", "text", "doc_id"),
+    [
+        # Refused by orjson, read by the standard library: a truncated emoji's lone surrogate.
+        (b'{"text": "half an emoji \\ud83d", "id": "a"}', "half an emoji \ud83d", "a"),
+        # Integers past 64 bits stay exact (orjson would read them as floats).
+        (b'{"text": "x", "id": 123456789012345678901234567890}', "x", "123456789012345678901234567890"),
+        (b'{"text": "x", "id": -9999999999999999999}', "x", "-9999999999999999999"),
+        (b'{"text": "x", "id": 18446744073709551615}', "x", "18446744073709551615"),
+    ],
+)
+def test_records_the_fast_reader_refuses_or_would_change_read_as_the_standard_library_reads_them(
+    value: bytes, text: str, doc_id: str
+) -> None:
+    assert decode(value, id_field="id") == Document(doc_id, text, 1700000000.5)
 
 
 def test_exactly_max_message_bytes_is_accepted() -> None:

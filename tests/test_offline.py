@@ -77,3 +77,32 @@ def test_signing_workers_change_nothing_but_speed(tmp_path: Path) -> None:
         outputs.append((out.read_text(encoding="utf-8"), summary.as_dict()))
     assert outputs[0] == outputs[1] == outputs[2]
     assert 1000 < outputs[0][1]["kept"] < 5000
+
+
+def test_batches_follow_the_configured_size_and_a_given_pool_is_used_and_left_running(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from streamdedup.decide import Deduplicator
+    from streamdedup.offline import signer_pool
+
+    sizes: list[int] = []
+    decide = Deduplicator.decide
+
+    def recording(self, docs, **options):  # type: ignore[no-untyped-def]
+        sizes.append(len(docs))
+        return decide(self, docs, **options)
+
+    monkeypatch.setattr(Deduplicator, "decide", recording)
+    texts = [f"{BASE} number {i} of many" if i % 3 else f"an unrelated text, {i} of them" for i in range(25)]
+    source = write_lines(tmp_path / "in.jsonl", [json.dumps({"id": str(i), "text": t}) for i, t in enumerate(texts)])
+    settings = load_settings(CONFIG)
+    settings = settings.model_copy(update={"dedup": settings.dedup.model_copy(update={"batch_size": 10, "workers": 1})})
+    with signer_pool(settings) as pool:
+        first = dedup_file(source, tmp_path / "a.jsonl", settings, work_dir=tmp_path / "a", signers=pool)
+        assert sizes == [10, 10, 5]
+        # The pool still signs after the file is done: the caller owns it.
+        assert pool.submit([BASE]).result().fingerprints.shape[0] == 1
+    second = dedup_file(source, tmp_path / "b.jsonl", settings, work_dir=tmp_path / "b", batch_size=25)
+    assert sizes[3:] == [25]
+    assert first.as_dict() == second.as_dict()
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()

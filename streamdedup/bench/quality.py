@@ -2,10 +2,10 @@
 
 Every system sees the stream in order and decides keep or drop per document, remembering only what it kept:
 
-- ``streamdedup``: the offline mode's pipeline (``decide_batches``: ``Deduplicator`` over a fresh
-  ``SegmentIndex`` in a temporary folder, the next batches signed by ``dedup.workers`` worker processes
-  meanwhile), configured by the settings given (``--config``), batches of ``dedup.batch_size``. The workers
-  start once, before any clock, as every system's imports do;
+- ``streamdedup``: the offline mode end to end (``dedup_file``: the stream as a JSONL file in, the kept records
+  out, a fresh ``SegmentIndex`` in a temporary folder, the next batches signed by ``dedup.workers`` worker
+  processes meanwhile), configured by the settings given (``--config``), batches of ``dedup.batch_size``. The
+  workers start once, before any clock, as every system's imports do;
 - ``simhash``: the ``simhash`` package, ``Simhash(text)`` (its defaults) + ``SimhashIndex(k=3)``;
 - ``minhash-0.5`` / ``minhash-0.8``: datasketch ``MinHashLSH`` at that threshold, ``MinHash(num_perm=128)``
   over character 5-grams of the normalised text (the project's Normalizer, default settings).
@@ -26,16 +26,14 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 
-from ..decide import Deduplicator
-from ..document import Document
 from ..normalize import Normalizer
-from ..offline import decide_batches, open_index, signer_pool
+from ..offline import dedup_file, signer_pool
 from ..quality.corpus import STREAM_FILE, BenchDoc, load_stream
 from ..quality.evaluate import QualityReport, evaluate
 from ..settings import NormalizeSettings, Settings
@@ -47,8 +45,6 @@ SPLITS = ("tune", "holdout")
 MINHASH_SHINGLE = 5
 MINHASH_PERMUTATIONS = 128
 SIMHASH_K = 3
-# Event times one second apart: well inside the default max age, so nothing expires during a run.
-START_TIME = 1_700_000_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,20 +69,26 @@ class PeerResult:
 
 
 def streamdedup_drops(docs: Sequence[BenchDoc], settings: Settings, pool: SignerPool | None = None) -> np.ndarray:
-    """Drop decisions of the offline mode's decision pipeline (``decide_batches``) over a fresh index, the
-    stream in order; with ``pool``, its workers sign (else the configured workers are started here)."""
-    dropped = np.zeros(len(docs), dtype=bool)
-    batch_size = settings.dedup.batch_size
-    documents = [Document(doc.id, doc.text, START_TIME + position) for position, doc in enumerate(docs)]
-    batches = ((start, documents[start : start + batch_size]) for start in range(0, len(docs), batch_size))
-    with tempfile.TemporaryDirectory(prefix="streamdedup-bench-quality-") as folder:
-        with (
-            open_index(settings, Path(folder) / "index", durable=False) as index,
-            nullcontext(pool) if pool is not None else signer_pool(settings) as signers,
-        ):
-            for start, batch, verdicts in decide_batches(Deduplicator(settings, index), batches, signers):
-                dropped[start : start + len(batch)] = ~verdicts.novel
-    return dropped
+    """Drop decisions of the offline mode end to end (see ``_timed_offline``)."""
+    return _timed_offline(docs, settings, pool)[1]
+
+
+def _timed_offline(docs: Sequence[BenchDoc], settings: Settings, pool: SignerPool | None) -> tuple[float, np.ndarray]:
+    """``dedup_file`` over the stream written as JSONL (``id``, ``text``) into a temporary folder, with a fresh
+    index there; with ``pool``, its workers sign (else the configured workers are started here). Timed from
+    reading the file to the kept records written and the index closed; writing the input and reading the kept
+    ids back are not (the peers get the texts in memory)."""
+    with tempfile.TemporaryDirectory(prefix="streamdedup-bench-quality-") as name:
+        folder = Path(name)
+        source, kept = folder / "stream.jsonl", folder / "kept.jsonl"
+        with source.open("wb") as out:
+            out.writelines(orjson.dumps({"id": doc.id, "text": doc.text}) + b"\n" for doc in docs)
+        started = time.perf_counter()
+        dedup_file(source, kept, settings, work_dir=folder / "index", progress=False, signers=pool)
+        seconds = time.perf_counter() - started
+        with kept.open("rb") as lines:
+            kept_ids = {orjson.loads(line)["id"] for line in lines}
+    return seconds, np.array([doc.id not in kept_ids for doc in docs], dtype=bool)
 
 
 def _simhash(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarray:
@@ -151,8 +153,10 @@ def run_peer(
 def _timed_drops(
     name: str, docs: Sequence[BenchDoc], settings: Settings, pool: SignerPool | None
 ) -> tuple[float, np.ndarray]:
+    if name == "streamdedup":
+        return _timed_offline(docs, settings, pool)
     started = time.perf_counter()
-    dropped = streamdedup_drops(docs, settings, pool) if name == "streamdedup" else PEERS[name](docs, settings)
+    dropped = PEERS[name](docs, settings)
     return time.perf_counter() - started, dropped
 
 
