@@ -27,6 +27,7 @@ from .settings import InputSettings
 __all__ = ["DeadLetter", "Document", "DocumentDecoder"]
 
 _MISSING = object()
+_NUMBER = (int, float)
 
 
 class Document(NamedTuple):
@@ -58,18 +59,21 @@ class DocumentDecoder:
         self._text_paths = [_split_path(path) for path in settings.text_fields]
         self._id_path = _split_path(settings.id_field) if settings.id_field else None
         self._time_path = _split_path(settings.time_field) if settings.time_field else None
+        # Read once here: this runs per record.
+        self._json = settings.format == "json"
+        self._max_bytes = settings.max_message_bytes
 
     def decode(self, value: bytes | None, *, default_id: str, timestamp: float) -> Document | DeadLetter:
         """A Document, or a DeadLetter for this value alone; never raises for bad input."""
         if value is None:
             return DeadLetter(DEAD_LETTER_NULL_VALUE, "the record has no value (null / tombstone)", default_id)
-        if len(value) > self.settings.max_message_bytes:
+        if len(value) > self._max_bytes:
             return DeadLetter(
                 DEAD_LETTER_TOO_LARGE,
-                f"value is {len(value)} bytes, over max_message_bytes={self.settings.max_message_bytes}",
+                f"value is {len(value)} bytes, over max_message_bytes={self._max_bytes}",
                 default_id,
             )
-        if self.settings.format == "json":
+        if self._json:
             record = _fast_json(value)
             if record is not None:
                 fast = self._from_json(record, default_id, timestamp, floats_exact=False)
@@ -79,7 +83,7 @@ class DocumentDecoder:
             decoded = value.decode("utf-8")
         except UnicodeDecodeError as exc:
             return DeadLetter(DEAD_LETTER_NOT_UTF8, f"value is not UTF-8: {exc.reason} at byte {exc.start}", default_id)
-        if self.settings.format == "text":
+        if not self._json:
             return self._document(default_id, decoded, timestamp, default_id)
         try:
             record = json.loads(decoded)
@@ -128,7 +132,8 @@ class DocumentDecoder:
                     default_id,
                 )
             timestamp = time
-        return self._document(doc_id, self.settings.text_separator.join(parts), timestamp, default_id)
+        text = parts[0] if len(parts) == 1 else self.settings.text_separator.join(parts)
+        return self._document(doc_id, text, timestamp, default_id)
 
     def _document(self, doc_id: str, text: str, time: float, default_id: str) -> Document | DeadLetter:
         if not text.strip():
@@ -153,6 +158,9 @@ def _split_path(path: str) -> list[str]:
 
 def _lookup(record: Any, path: list[str]) -> Any:
     """Follow a dotted path through objects (by key) and arrays (by integer index)."""
+    if len(path) == 1 and type(record) is dict:
+        # The common case, a top-level field: one lookup.
+        return record.get(path[0], _MISSING)
     node = record
     for part in path:
         if isinstance(node, dict):
@@ -168,15 +176,15 @@ def _lookup(record: Any, path: list[str]) -> Any:
 
 def _scalar_text(value: Any) -> str | None:
     """Strings as they are, numbers as written; null, objects, arrays and booleans are not text."""
-    if isinstance(value, str):
+    if type(value) is str:
         return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, _NUMBER) and not isinstance(value, bool):
         return str(value)
     return None
 
 
 def _event_time(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, _NUMBER) and not isinstance(value, bool):
         return float(value) if math.isfinite(value) else None
     if isinstance(value, str):
         try:
