@@ -40,11 +40,12 @@ class Verdict(NamedTuple):
     error: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Verdicts(Sequence[Verdict]):
     """A batch's verdicts, column by column: ``novel`` and ``fingerprints`` as arrays for whoever reads the
     batch whole, and each row as a :class:`Verdict` on indexing or iteration (built then, not stored: a stored
-    tuple per document costs its construction and the garbage collector's visits)."""
+    tuple per document costs its construction and the garbage collector's visits). Compared by identity: the
+    columns hold arrays."""
 
     novel: np.ndarray
     reasons: list[Reason]
