@@ -76,7 +76,6 @@ class _Decided:
 
     records: Sequence[ConsumerRecord]
     next_offsets: dict[TopicPartition, int]
-    verdicts: Verdicts
     outgoing: list[OutgoingRecord]
     dropped: list[tuple[Document, Verdict]]
     dead: list[DeadLetter]
@@ -464,7 +463,7 @@ class DedupService(Lifecycle):
         """What to publish for a decided batch; nothing goes to Kafka here."""
         records = prepared.records
         outgoing, dropped, dead = self._outgoing(records, prepared.decoded, prepared.documents, verdicts)
-        return _Decided(records, prepared.next_offsets, verdicts, outgoing, dropped, dead, prepared.started)
+        return _Decided(records, prepared.next_offsets, outgoing, dropped, dead, prepared.started)
 
     async def _verdicts(self, prepared: _Prepared) -> Verdicts:
         """The batch's verdicts, its kept documents and input offsets stored in one LMDB transaction."""
@@ -568,7 +567,8 @@ class DedupService(Lifecycle):
             log.warning("dead-lettered %s: %s (%s)", letter.id, letter.reason, letter.detail)
         self.metrics.record_consumed(Counter(record.topic for record in records))
         self.metrics.record_published(Counter(record.topic for record in outgoing))
-        self.metrics.record_verdicts(decided.verdicts)
+        # The duplicates alone: iterating every verdict again would build a tuple per message for nothing.
+        self.metrics.record_verdicts([verdict for _, verdict in decided.dropped])
         self.metrics.record_dead_lettered(dead_reasons)
 
     def _record_lag(self, consumer: BatchConsumer, records: Sequence[ConsumerRecord]) -> None:
