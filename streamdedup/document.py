@@ -63,8 +63,10 @@ class DocumentDecoder:
         self._json = settings.format == "json"
         self._max_bytes = settings.max_message_bytes
 
-    def decode(self, value: bytes | None, *, default_id: str, timestamp: float) -> Document | DeadLetter:
-        """A Document, or a DeadLetter for this value alone; never raises for bad input."""
+    def decode(
+        self, value: bytes | None, *, default_id: str, timestamp: float, origin: tuple[str, int, int] | None = None
+    ) -> Document | DeadLetter:
+        """A Document (with this ``origin``), or a DeadLetter for this value alone; never raises for bad input."""
         if value is None:
             return DeadLetter(DEAD_LETTER_NULL_VALUE, "the record has no value (null / tombstone)", default_id)
         if len(value) > self._max_bytes:
@@ -76,7 +78,7 @@ class DocumentDecoder:
         if self._json:
             record = _fast_json(value)
             if record is not None:
-                fast = self._from_json(record, default_id, timestamp, floats_exact=False)
+                fast = self._from_json(record, default_id, timestamp, origin, floats_exact=False)
                 if fast is not None:
                     return fast
         try:
@@ -84,7 +86,7 @@ class DocumentDecoder:
         except UnicodeDecodeError as exc:
             return DeadLetter(DEAD_LETTER_NOT_UTF8, f"value is not UTF-8: {exc.reason} at byte {exc.start}", default_id)
         if not self._json:
-            return self._document(default_id, decoded, timestamp, default_id)
+            return self._document(default_id, decoded, timestamp, default_id, origin)
         try:
             record = json.loads(decoded)
         except json.JSONDecodeError as exc:
@@ -95,12 +97,18 @@ class DocumentDecoder:
             return DeadLetter(
                 DEAD_LETTER_INVALID_JSON, f"expected a JSON object, got {type(record).__name__}", default_id
             )
-        document = self._from_json(record, default_id, timestamp)
+        document = self._from_json(record, default_id, timestamp, origin)
         assert document is not None
         return document
 
     def _from_json(
-        self, record: dict[str, Any], default_id: str, timestamp: float, *, floats_exact: bool = True
+        self,
+        record: dict[str, Any],
+        default_id: str,
+        timestamp: float,
+        origin: tuple[str, int, int] | None,
+        *,
+        floats_exact: bool = True,
     ) -> Document | DeadLetter | None:
         """The record's Document or DeadLetter. Without ``floats_exact`` (orjson read the record, and it reads
         integers past 64 bits as floats), None when a text or the id is a float: the standard library reads
@@ -133,12 +141,15 @@ class DocumentDecoder:
                 )
             timestamp = time
         text = parts[0] if len(parts) == 1 else self.settings.text_separator.join(parts)
-        return self._document(doc_id, text, timestamp, default_id)
+        return self._document(doc_id, text, timestamp, default_id, origin)
 
-    def _document(self, doc_id: str, text: str, time: float, default_id: str) -> Document | DeadLetter:
+    @staticmethod
+    def _document(
+        doc_id: str, text: str, time: float, default_id: str, origin: tuple[str, int, int] | None
+    ) -> Document | DeadLetter:
         if not text.strip():
             return DeadLetter(DEAD_LETTER_EMPTY_TEXT, "the text is empty or only whitespace", default_id)
-        return Document(doc_id, text, time)
+        return Document(doc_id, text, time, origin)
 
 
 def _fast_json(value: bytes) -> dict[str, Any] | None:

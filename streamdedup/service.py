@@ -63,7 +63,7 @@ class _Prepared:
 
     records: Sequence[ConsumerRecord]
     decoded: list[Document | DeadLetter]
-    documents: list[tuple[ConsumerRecord, Document]]
+    documents: list[Document]
     next_offsets: dict[TopicPartition, int]
     signers: SignerPool | None
     signing: Future[Signatures] | None
@@ -439,24 +439,22 @@ class DedupService(Lifecycle):
     def _prepare(self, records: Sequence[ConsumerRecord]) -> _Prepared:
         """Decode a fetched batch and hand its texts to the signing workers; nothing is decided yet."""
         started = time.perf_counter()
+        decode = self._decoder.decode
         decoded = [
-            self._decoder.decode(
+            decode(
                 record.value,
                 default_id=f"{record.topic}-{record.partition}-{record.offset}",
                 timestamp=record.timestamp / 1000.0,
+                origin=(record.topic, record.partition, record.offset),
             )
             for record in records
         ]
-        documents = [
-            (record, Document(item.id, item.text, item.time, (record.topic, record.partition, record.offset)))
-            for record, item in zip(records, decoded)
-            if isinstance(item, Document)
-        ]
-        next_offsets: dict[TopicPartition, int] = {}
-        for record in records:
-            next_offsets[TopicPartition(record.topic, record.partition)] = record.offset + 1
+        documents = [item for item in decoded if type(item) is Document]
+        # Plain tuples per record (a TopicPartition is several times dearer to build), one per partition after.
+        last_offsets = {(record.topic, record.partition): record.offset for record in records}
+        next_offsets = {TopicPartition(*partition): offset + 1 for partition, offset in last_offsets.items()}
         signers = self._signers
-        signing = None if signers is None else signers.submit([doc.text for _, doc in documents])
+        signing = None if signers is None else signers.submit([doc.text for doc in documents])
         return _Prepared(records, decoded, documents, next_offsets, signers, signing, started)
 
     def _decided(self, prepared: _Prepared, verdicts: Verdicts) -> _Decided:
@@ -474,12 +472,12 @@ class DedupService(Lifecycle):
         await self._maintain_index()
         documents, next_offsets = prepared.documents, prepared.next_offsets
         if documents:
-            self._newest_event_time = max(self._newest_event_time, max(doc.time for _, doc in documents))
+            self._newest_event_time = max(self._newest_event_time, max(doc.time for doc in documents))
         signing_started = time.perf_counter()
         signatures = await self._signatures(prepared)
         signing_seconds = time.perf_counter() - signing_started
         decision = self._decisions.submit(
-            [doc for _, doc in documents],
+            documents,
             source_offsets={(tp.topic, tp.partition): offset for tp, offset in next_offsets.items()},
             signatures=signatures,
         )
@@ -515,40 +513,42 @@ class DedupService(Lifecycle):
         self,
         records: Sequence[ConsumerRecord],
         decoded: Sequence[Document | DeadLetter],
-        documents: Sequence[tuple[ConsumerRecord, Document]],
+        documents: Sequence[Document],
         verdicts: Verdicts,
     ) -> tuple[list[OutgoingRecord], list[tuple[Document, Verdict]], list[DeadLetter]]:
         """Records to publish in input order: novel -> output, duplicate -> duplicates topic, bad -> DLQ."""
         kafka = self.settings.kafka
         hexes = fingerprint_hex(verdicts.fingerprints) if len(verdicts) else []
-        verdict_of = {
-            id(record): (doc, verdict, hex_value)
-            for (record, doc), verdict, hex_value in zip(documents, verdicts, hexes, strict=True)
-        }
+        # The documents are the decoded records that are not dead letters, in order: row counts them. Only
+        # a duplicate's verdict is built as a tuple, from the columns.
+        novel_rows = verdicts.novel.tolist()
         outgoing: list[OutgoingRecord] = []
         dropped: list[tuple[Document, Verdict]] = []
         dead: list[DeadLetter] = []
-        for record, item in zip(records, decoded):
-            if isinstance(item, DeadLetter):
+        row = 0
+        for record, item in zip(records, decoded, strict=True):
+            if type(item) is DeadLetter:
                 dead.append(item)
                 outgoing.append(dead_letter(record, kafka.dead_letter_topic, item))
                 continue
-            doc, verdict, hex_value = verdict_of[id(record)]
-            if verdict.novel:
-                outgoing.append(novel(record, kafka.output_topic, hex_value))
+            if novel_rows[row]:
+                outgoing.append(novel(record, kafka.output_topic, hexes[row]))
+                row += 1
                 continue
-            dropped.append((doc, verdict))
+            verdict = verdicts[row]
+            dropped.append((documents[row], verdict))
             if kafka.duplicates_topic is not None:
                 outgoing.append(
                     duplicate(
                         record,
                         kafka.duplicates_topic,
-                        hex_value,
+                        hexes[row],
                         verdict.reason,
                         verdict.match_id or "",
                         verdict.distance if verdict.distance is not None else -1,
                     )
                 )
+            row += 1
         return outgoing, dropped, dead
 
     def _account(self, decided: _Decided) -> None:
