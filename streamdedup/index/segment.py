@@ -1001,16 +1001,19 @@ class SegmentIndex:
         head["time"] = times
         head["topic"] = NO_TOPIC
         head["payload"] = batch["payloads"].reshape(n, self.payload_bytes)
-        # Counted in C first: batches without origins (the offline mode, the bench) are common.
-        with_origin = [i for i, o in enumerate(origins) if o is not None] if origins.count(None) != n else []
-        if with_origin:
-            topic_ids = self._topic_ids(txn, (origins[i][0] for i in with_origin))
-            rows = np.array(with_origin, dtype=np.intp)
-            head["topic"][rows] = [topic_ids[origins[i][0]] for i in with_origin]
-            head["partition"][rows] = [origins[i][1] for i in with_origin]
-            head["offset"][rows] = [origins[i][2] for i in with_origin]
+        # Counted in C first: batches all without origins (the offline mode) or all with (the service) are
+        # the common cases, and neither takes a Python step per row here.
+        missing = origins.count(None)
+        if missing != n:
+            rows = np.arange(n) if not missing else np.array([i for i, o in enumerate(origins) if o is not None])
+            topics, partitions, offsets = zip(*(origins if not missing else [origins[i] for i in rows.tolist()]))
+            topic_ids = self._topic_ids(txn, topics)
+            only_topic = topic_ids[topics[0]] if len(topic_ids) == 1 else None
+            head["topic"][rows] = only_topic if only_topic is not None else [topic_ids[topic] for topic in topics]
+            head["partition"][rows] = partitions
+            head["offset"][rows] = offsets
             with txn.cursor(self._origins) as cursor:
-                cursor.putmulti(zip(self._origin_keys(head[rows]), (seq_keys[i] for i in with_origin)))
+                cursor.putmulti(zip(self._origin_keys(head[rows]), seq_keys if not missing else [seq_keys[i] for i in rows.tolist()]))
         heads = head.view(f"V{self._record.itemsize}").tolist()
         with txn.cursor(self._entries) as cursor:
             cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads, id_bytes)), append=True)

@@ -257,6 +257,18 @@ def test_origins_source_offsets_and_rollback(tmp_path: Path) -> None:
         assert index.source_offsets()[("in", 0)] == 120
 
 
+def test_origins_of_several_topics_and_none_in_one_batch(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    fps = _random(6, 1, rng)
+    origins = [("a", 0, 10), None, ("b", 2, 20), ("a", 1, 11), None, ("b", 2, 21)]
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000) as index:
+        index.add([f"m{i}" for i in range(6)], fps, origins=origins)
+        assert index.entries(index.search(fps).entries).origins == origins
+        # Rolling topic b back from offset 21 removes exactly its last entry.
+        assert index.rollback({("b", 2): 21}) == 1
+        assert sorted(i for hits in index.query(fps) for i, _ in hits) == ["m0", "m1", "m2", "m3", "m4"]
+
+
 def test_incompatible_open_is_a_clear_error_and_stored_settings_reopen(tmp_path: Path) -> None:
     with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, payload_bytes=8) as index:
         index.add(["k"], np.array([[5]], dtype=np.uint64))
