@@ -4,14 +4,16 @@ Layout (one LMDB environment, names in ``streamdedup.names``):
 
 - ``table-<i>`` (dupsort + dupfixed): key = the plan's key bits of the fingerprint, value = the rest of the
   64-bit fold (on 64-bit fingerprints the fingerprint itself minus its key bits), so a bucket reads as one
-  packed array and a candidate is checked by one XOR + popcount.
+  packed array and a candidate is checked by one XOR + popcount. Where that check cannot reject anything
+  (fingerprints wider than 64 bits with no radius, the segmented default), the value is the entry's sequence
+  number instead, and ``folds`` stays empty: a lookup goes straight to the records.
 - ``table-staged``: table rows not yet merged into their table, one packed array per (table, batch). A
   batch stages its rows and merges one table's staged rows into that table, in turn; lookups read the
   staged rows from a sorted copy in memory. A random insert dirties a whole B-tree page, which every commit
   writes out again: inserting a batch into every table rewrote nearly all table pages of a small index per
   batch, while a merge of many batches into one table rewrites that table's pages once for all of them.
 - ``folds`` (dupsort + dupfixed): fold -> entry sequence numbers (table values name a fold, not an entry,
-  which keeps tables at ~8 bytes per entry).
+  which keeps tables at ~8 bytes per entry on 64-bit fingerprints).
 - ``entries``: sequence (big-endian, monotonic, appended) -> record (fingerprint, event time, origin,
   payload, id). ``ids``: id -> sequence. ``times``: (time bucket, first sequence of a batch) -> that batch's
   sequences in the bucket as (start, stop) runs: one row per batch, and expiry and eviction read only the
@@ -56,9 +58,10 @@ __all__ = ["EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex", 
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
-# Format 1 had no staged rows: it reads as format 2 with none staged, and is marked 2 when opened to write.
-_READABLE_FORMATS = (1, 2)
+FORMAT_VERSION = 3
+# Format 1 had no staged rows; format 2 stored folds in every plan's tables. Both read as format 3 (with none
+# staged, with fold values) and are marked 3 when opened to write: older code must not misread new indexes.
+_READABLE_FORMATS = (1, 2, 3)
 NO_TOPIC = 0xFFFFFFFF
 MAX_ID_KEY_BYTES = 480  # LMDB keys stop at 511 bytes; longer ids are keyed by their BLAKE2b digest.
 _META_FORMAT = b"format"
@@ -75,6 +78,7 @@ _FILTER_BUILD_ROWS = 65_536
 _U64 = np.dtype(">u8")
 _ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
 _T = TypeVar("_T")
+_FOLD_VALUES, _ENTRY_VALUES = "folds", "entries"
 
 
 class IndexStorageError(RuntimeError):
@@ -115,6 +119,12 @@ class EntryRecords:
             None if t == NO_TOPIC else (self.topic_names[t], p, o)
             for t, p, o in zip(rows["topic"].tolist(), rows["partition"].tolist(), rows["offset"].tolist())
         ]
+
+
+def _entries_in_tables(plan: IndexPlan) -> bool:
+    """Whether a new index under ``plan`` stores entry keys in its tables. A fold is kept as the value only where
+    it can reject candidates before their records are read: on 64-bit fingerprints, or under a radius."""
+    return plan.bits > 64 and plan.radius >= plan.bits
 
 
 def _seq_bytes(seqs: np.ndarray) -> list[bytes]:
@@ -331,6 +341,7 @@ class SegmentIndex:
                 "plan": json.loads(plan.to_json()),
                 "payload_bytes": int(payload_bytes or 0),
                 "time_bucket": float(time_bucket),
+                "table_values": _ENTRY_VALUES if _entries_in_tables(plan) else _FOLD_VALUES,
             }
             with self.env.begin(write=True) as txn:
                 txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=self._meta)
@@ -339,7 +350,7 @@ class SegmentIndex:
             if fmt["version"] not in _READABLE_FORMATS:
                 raise PlanError(f"{self.path}: index format {fmt['version']}, this code reads {_READABLE_FORMATS}")
             if fmt["version"] != FORMAT_VERSION and not self.readonly:
-                # Older code would miss the rows this code stages: mark the index as the new format.
+                # Older code must not write to it (format 1 code misses staged rows): mark it as this format.
                 fmt["version"] = FORMAT_VERSION
                 with self.env.begin(write=True) as txn:
                     txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=self._meta)
@@ -350,6 +361,7 @@ class SegmentIndex:
         self.bits = self.plan.bits
         self.radius = self.plan.radius
         self.words = self.bits // 64
+        self._entry_valued = fmt.get("table_values", _FOLD_VALUES) == _ENTRY_VALUES
         self._open_dbs()
         self._prepare_layout()
 
@@ -688,27 +700,35 @@ class SegmentIndex:
             source = shared[source]
             found_at = np.concatenate([found_at, more_at])
             stored, probe_of = np.concatenate([stored, stored[source]]), np.concatenate([probe_of, probe_of[source]])
-        # Candidates outside the radius go before anything else is built for them.
-        near = np.flatnonzero(np.bitwise_count(stored ^ batch_keys.values.ravel()[found_at]) <= radius)
-        if not len(near):
-            return empty, None
+        if self._entry_valued:
+            # The rows name their entries, and no radius cuts: every candidate goes on to its record.
+            near = np.arange(len(found_at))
+            named = stored
+        else:
+            # Candidates outside the radius go before anything else is built for them.
+            near = np.flatnonzero(np.bitwise_count(stored ^ batch_keys.values.ravel()[found_at]) <= radius)
+            if not len(near):
+                return empty, None
+            named = self._folds_from_found(found_at[near] // n, probed[probe_of[near]], stored[near])
         qi = batch_keys.rows.ravel()[found_at[near]]
-        folds_found = self._folds_from_found(found_at[near] // n, probed[probe_of[near]], stored[near])
         # A pair found through several tables counts once.
-        order = np.lexsort((folds_found, qi))
-        qi, folds_found = qi[order], folds_found[order]
-        first = np.concatenate([[True], (qi[1:] != qi[:-1]) | (folds_found[1:] != folds_found[:-1])])
-        qi, folds_found = qi[first].astype(np.int64), folds_found[first]
-        unique_folds, inverse = np.unique(folds_found, return_inverse=True)
-        with txn.cursor(self._folds) as cursor:
-            raw = cursor.getmulti(_seq_bytes(unique_folds), dupdata=True, dupfixed_bytes=8, keyfixed=True)
-        rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 16)
-        pair, ri = _group_expand(unique_folds, inverse, rows[:, :8].copy().view(_U64).ravel().astype(np.uint64))
-        rows_q = qi[pair]
-        seqs = rows[ri, 8:].copy().view(_U64).ravel().astype(np.uint64)
+        order = np.lexsort((named, qi))
+        qi, named = qi[order], named[order]
+        first = np.concatenate([[True], (qi[1:] != qi[:-1]) | (named[1:] != named[:-1])])
+        qi, named = qi[first].astype(np.int64), named[first]
+        if self._entry_valued:
+            rows_q, seqs = qi, named
+        else:
+            unique_folds, inverse = np.unique(named, return_inverse=True)
+            with txn.cursor(self._folds) as cursor:
+                raw = cursor.getmulti(_seq_bytes(unique_folds), dupdata=True, dupfixed_bytes=8, keyfixed=True)
+            rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 16)
+            pair, ri = _group_expand(unique_folds, inverse, rows[:, :8].copy().view(_U64).ravel().astype(np.uint64))
+            rows_q = qi[pair]
+            seqs = rows[ri, 8:].copy().view(_U64).ravel().astype(np.uint64)
         records = None
         if self.words == 1:
-            distances = np.bitwise_count(folds_found[pair] ^ fps[rows_q, 0]).astype(np.int64)
+            distances = np.bitwise_count(named[pair] ^ fps[rows_q, 0]).astype(np.int64)
         if self.words > 1 or min_time is not None:
             records = self._records(txn, np.unique(seqs))
             slot = np.searchsorted(records.entries, seqs)
@@ -1013,7 +1033,8 @@ class SegmentIndex:
             head["partition"][rows] = partitions
             head["offset"][rows] = offsets
             with txn.cursor(self._origins) as cursor:
-                cursor.putmulti(zip(self._origin_keys(head[rows]), seq_keys if not missing else [seq_keys[i] for i in rows.tolist()]))
+                present_keys = seq_keys if not missing else [seq_keys[i] for i in rows.tolist()]
+                cursor.putmulti(zip(self._origin_keys(head[rows]), present_keys))
         heads = head.view(f"V{self._record.itemsize}").tolist()
         with txn.cursor(self._entries) as cursor:
             cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads, id_bytes)), append=True)
@@ -1027,15 +1048,17 @@ class SegmentIndex:
             # Bits set now stay set if the batch aborts: harmless, a set bit only sends a key on to LMDB.
             self._key_filter.add(batch_keys.keys)
             self._txn.filtered.append((self._key_filter, keyed))
-        folds = batch_keys.folds
-        # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
-        order = np.argsort(folds)
-        with txn.cursor(self._folds) as cursor:
-            cursor.putmulti(zip(_seq_bytes(folds[order]), _seq_bytes(seqs[order])))
+        if not self._entry_valued:
+            folds = batch_keys.folds
+            # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
+            order = np.argsort(folds)
+            with txn.cursor(self._folds) as cursor:
+                cursor.putmulti(zip(_seq_bytes(folds[order]), _seq_bytes(seqs[order])))
         # Rows are staged; one table in turn takes its staged rows and this batch's (see the module docstring).
         merged = self._counter(txn, _META_NEXT_MERGE) % len(self._tables)
         for table in range(len(self._tables)):
-            keys, values = batch_keys.keys[table], batch_keys.values[table]
+            keys = batch_keys.keys[table]
+            values = seqs[batch_keys.rows[table]] if self._entry_valued else batch_keys.values[table]
             if batch_keys.unkeyed_zero:
                 wanted = keys != 0
                 keys, values = keys[wanted], values[wanted]
@@ -1179,20 +1202,26 @@ class SegmentIndex:
             return 0
         seq_keys = _seq_bytes(entries)
         keys, values, folds = table_rows(self.plan, head["fp"].reshape(n, self.words).astype(np.uint64))
-        fold_keys = _seq_bytes(folds)
         id_keys = self._id_keys([x.encode() for x in ids])
         for i in range(n):
             txn.delete(seq_keys[i], db=self._entries)
             txn.delete(id_keys[i], db=self._ids)
-            txn.delete(fold_keys[i], seq_keys[i], db=self._folds)
         for key in self._origin_keys(head[head["topic"] != NO_TOPIC]):
             txn.delete(key, db=self._origins)
-        # Table rows are shared by entries with the same fold (and key): keep those some survivor still uses.
-        unique_folds = np.unique(folds)
-        with txn.cursor(self._folds) as cursor:
-            survivors = cursor.getmulti(_seq_bytes(unique_folds), dupdata=True, dupfixed_bytes=8, keyfixed=True)
-        survivor_seqs = np.frombuffer(survivors, dtype=np.uint8).reshape(-1, 16)[:, 8:].copy().view(_U64).astype(np.uint64).ravel()
         kept: list[set[tuple[bytes, bytes]]] = [set() for _ in self._tables]
+        survivor_seqs = np.zeros(0, dtype=np.uint64)
+        if self._entry_valued:
+            # Each entry has rows of its own.
+            values = np.broadcast_to(entries, keys.shape)
+        else:
+            fold_keys = _seq_bytes(folds)
+            for i in range(n):
+                txn.delete(fold_keys[i], seq_keys[i], db=self._folds)
+            # Table rows are shared by entries with the same fold (and key): keep those some survivor still uses.
+            with txn.cursor(self._folds) as cursor:
+                survivors = cursor.getmulti(_seq_bytes(np.unique(folds)), dupdata=True, dupfixed_bytes=8, keyfixed=True)
+            survivor_rows = np.frombuffer(survivors, dtype=np.uint8).reshape(-1, 16)
+            survivor_seqs = survivor_rows[:, 8:].copy().view(_U64).astype(np.uint64).ravel()
         if len(survivor_seqs):
             s_keys, s_values, _ = table_rows(self.plan, self._records(txn, survivor_seqs).fingerprints)
             for table in range(len(self._tables)):

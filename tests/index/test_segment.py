@@ -300,7 +300,7 @@ def _format_version(path: Path, set_to: int | None = None) -> int:
 
 
 def test_a_format_1_index_is_read_and_upgraded_and_an_unknown_format_is_refused(tmp_path: Path) -> None:
-    # Format 1 had no staged rows; an index without any reads the same under format 2.
+    # Format 1 had no staged rows; an index without any reads the same under format 3.
     fps = _random(3, 1, np.random.default_rng(9))
     with SegmentIndex(tmp_path, 64, 3, expected_entries=1000):
         pass
@@ -310,11 +310,11 @@ def test_a_format_1_index_is_read_and_upgraded_and_an_unknown_format_is_refused(
     assert _format_version(tmp_path) == 1  # a reader leaves it alone
     with SegmentIndex(tmp_path, 64, 3) as index:
         index.add(["a", "b", "c"], fps)
-    assert _format_version(tmp_path) == 2
+    assert _format_version(tmp_path) == 3
     with SegmentIndex(tmp_path, None, None, payload_bytes=None, readonly=True) as reader:
         assert reader.query(fps) == [[("a", 0)], [("b", 0)], [("c", 0)]]
-    _format_version(tmp_path, set_to=3)
-    with pytest.raises(PlanError, match="index format 3"):
+    _format_version(tmp_path, set_to=4)
+    with pytest.raises(PlanError, match="index format 4"):
         SegmentIndex(tmp_path, 64, 3)
 
 
@@ -534,6 +534,80 @@ def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(tmp_path
     expected = {(a, b) for a, b in zip(*np.nonzero(np.triu(shares_pair, 1)))}
     assert set(zip(earlier.tolist(), later.tolist())) == expected
     assert plan.recall(0) == 1.0 and plan.recall(segments - 1) == 1.0 and 0 < plan.recall(bits // 2) < 1
+
+
+@pytest.mark.parametrize("table_values", ["entries", "folds"])
+def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_removals(
+    tmp_path: Path, table_values: str
+) -> None:
+    # A new wide index without a radius keys its tables to entries; one written by format 2 holds folds
+    # (shared by entries with equal fingerprints) and must go on working.
+    from streamdedup.index.plan import make_segment_plan
+
+    rng = np.random.default_rng(12)
+    bits, segments, size = 256, 16, 16
+    centres = rng.integers(0, 2**64 - 1, size=(15, bits // 64), dtype=np.uint64, endpoint=True)
+    stored = centres[rng.integers(0, 15, 400)].copy()
+    seg = _segments(stored, size)
+    noise = rng.integers(1, (1 << size) - 1, size=seg.shape, dtype=np.uint64, endpoint=True)
+    seg = np.where(rng.random(seg.shape) < 0.8, noise, seg)
+    shifts = np.arange(3, -1, -1, dtype=np.uint64) * np.uint64(size)
+    stored = np.bitwise_or.reduce(seg.reshape(len(seg), bits // 64, 4) << shifts, axis=2)
+    stored[350:] = stored[:50]  # equal fingerprints under other ids
+    seg = _segments(stored, size)
+    ids = [f"e{i}" for i in range(len(stored))]
+    path = tmp_path / "seg"
+    with SegmentIndex(path, bits, bits, plan=make_segment_plan(bits, segments)):
+        pass
+    env = lmdb.open(str(path), max_dbs=64, subdir=True)
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn)
+        stored_format = json.loads(txn.get(b"format", db=meta))
+        assert stored_format["table_values"] == "entries"
+        stored_format["table_values"] = table_values
+        txn.put(b"format", json.dumps(stored_format).encode(), db=meta)
+    env.close()
+
+    def expected(alive: np.ndarray) -> list[list[str]]:
+        shares = ((seg[:, None, :] == seg[None, alive, :]) & (seg[None, alive, :] != 0)).any(axis=2)
+        return [sorted(ids[i] for i in alive[np.flatnonzero(row)]) for row in shares]
+
+    with SegmentIndex(path, None, None, payload_bytes=None) as index:
+        for start in range(0, len(stored), 80):
+            index.add(ids[start : start + 80], stored[start : start + 80])
+        assert [sorted(i for i, _ in hits) for hits in index.query(stored)] == expected(np.arange(len(stored)))
+        gone = rng.choice(len(stored), 120, replace=False)
+        assert index.remove([ids[i] for i in gone]) == 120
+        alive = np.setdiff1d(np.arange(len(stored)), gone)
+        assert [sorted(i for i, _ in hits) for hits in index.query(stored)] == expected(alive)
+    with SegmentIndex(path, None, None, payload_bytes=None, readonly=True) as reader:
+        assert [sorted(i for i, _ in hits) for hits in reader.query(stored)] == expected(alive)
+    # Removal leaves no rows behind: one per keyed segment of each live entry, or of each live fold.
+    if table_values == "entries":
+        wanted_rows = int((seg[alive] != 0).sum())
+    else:
+        folds = np.bitwise_xor.reduce(stored, axis=1)
+        wanted_rows = len({(t, int(seg[i, t]), int(folds[i])) for i in alive for t in range(segments) if seg[i, t]})
+    assert _table_rows(path, segments, key_bytes=2, value_bytes=8) == wanted_rows
+
+
+def _table_rows(path: Path, tables: int, key_bytes: int, value_bytes: int) -> int:
+    """Distinct (table, key, value) rows, merged or still staged (white box: a staged blob is packed rows of the
+    table its key starts with, and may repeat a row that the table's merge will store once)."""
+    env = lmdb.open(str(path), max_dbs=64, subdir=True, readonly=True)
+    try:
+        rows = set()
+        with env.begin() as txn:
+            for t in range(tables):
+                rows.update((t, key, value) for key, value in txn.cursor(env.open_db(f"table-{t}".encode(), txn=txn)))
+            for blob_key, blob in txn.cursor(env.open_db(b"table-staged", txn=txn)):
+                t = int.from_bytes(blob_key[:2], "big")
+                size = key_bytes + value_bytes
+                packed = [blob[i : i + size] for i in range(0, len(blob), size)]
+                rows.update((t, row[:key_bytes], row[key_bytes:]) for row in packed)
+        return len(rows)
+    finally:
+        env.close()
 
 
 def test_search_entries_returns_the_records_row_for_row(tmp_path: Path) -> None:
