@@ -1319,6 +1319,7 @@ class SegmentIndex:
             "path": str(self.path),
             "entries": count,
             "plan": self.plan.describe(),
+            "table_values": _ENTRY_VALUES if self._entry_valued else _FOLD_VALUES,
             "payload_bytes": self.payload_bytes,
             "max_age": self.max_age,
             "max_entries": self.max_entries,

@@ -573,6 +573,7 @@ def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_re
         return [sorted(ids[i] for i in alive[np.flatnonzero(row)]) for row in shares]
 
     with SegmentIndex(path, None, None, payload_bytes=None) as index:
+        assert index.stats()["table_values"] == table_values
         for start in range(0, len(stored), 80):
             index.add(ids[start : start + 80], stored[start : start + 80])
         assert [sorted(i for i, _ in hits) for hits in index.query(stored)] == expected(np.arange(len(stored)))
