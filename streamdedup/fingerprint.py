@@ -424,6 +424,9 @@ class Fingerprinter:
 
     def _normalized_keys(self, features: FeatureSettings) -> FeatureSettings:
         """Vocabulary keys and excludes normalised like the texts, so ``Breaking`` matches ``BREAKING``."""
+        if not features.vocabulary and not features.excludes:
+            # Nothing to normalise: the normaliser's lookup tables (built on first use, ~1 s) wait for texts.
+            return features
         keys = self.normalizer.normalize(list(features.vocabulary))
         vocabulary = dict(zip(keys, features.vocabulary.values(), strict=True))
         excludes = [token for token in self.normalizer.normalize(features.excludes) if token]
