@@ -525,15 +525,15 @@ class DedupService(Lifecycle):
         outgoing: list[OutgoingRecord] = []
         dropped: list[tuple[Document, Verdict]] = []
         dead: list[DeadLetter] = []
-        row = 0
+        row = -1
         for record, item in zip(records, decoded, strict=True):
             if type(item) is DeadLetter:
                 dead.append(item)
                 outgoing.append(dead_letter(record, kafka.dead_letter_topic, item))
                 continue
+            row += 1
             if novel_rows[row]:
                 outgoing.append(novel(record, kafka.output_topic, hexes[row]))
-                row += 1
                 continue
             verdict = verdicts[row]
             dropped.append((documents[row], verdict))
@@ -548,7 +548,6 @@ class DedupService(Lifecycle):
                         verdict.distance if verdict.distance is not None else -1,
                     )
                 )
-            row += 1
         return outgoing, dropped, dead
 
     def _account(self, decided: _Decided) -> None:

@@ -702,15 +702,15 @@ class SegmentIndex:
             stored, probe_of = np.concatenate([stored, stored[source]]), np.concatenate([probe_of, probe_of[source]])
         if self._entry_valued:
             # The rows name their entries, and no radius cuts: every candidate goes on to its record.
-            near = np.arange(len(found_at))
-            named = stored
+            near_at, named = found_at, stored
         else:
             # Candidates outside the radius go before anything else is built for them.
             near = np.flatnonzero(np.bitwise_count(stored ^ batch_keys.values.ravel()[found_at]) <= radius)
             if not len(near):
                 return empty, None
-            named = self._folds_from_found(found_at[near] // n, probed[probe_of[near]], stored[near])
-        qi = batch_keys.rows.ravel()[found_at[near]]
+            near_at = found_at[near]
+            named = self._folds_from_found(near_at // n, probed[probe_of[near]], stored[near])
+        qi = batch_keys.rows.ravel()[near_at]
         # A pair found through several tables counts once.
         order = np.lexsort((named, qi))
         qi, named = qi[order], named[order]
@@ -1025,15 +1025,16 @@ class SegmentIndex:
         # the common cases, and neither takes a Python step per row here.
         missing = origins.count(None)
         if missing != n:
-            rows = np.arange(n) if not missing else np.array([i for i, o in enumerate(origins) if o is not None])
-            topics, partitions, offsets = zip(*(origins if not missing else [origins[i] for i in rows.tolist()]))
+            rows, present, present_keys = np.arange(n), origins, seq_keys
+            if missing:
+                kept = [i for i, origin in enumerate(origins) if origin is not None]
+                rows, present, present_keys = np.array(kept), [origins[i] for i in kept], [seq_keys[i] for i in kept]
+            topics, partitions, offsets = zip(*present)
             topic_ids = self._topic_ids(txn, topics)
-            only_topic = topic_ids[topics[0]] if len(topic_ids) == 1 else None
-            head["topic"][rows] = only_topic if only_topic is not None else [topic_ids[topic] for topic in topics]
+            head["topic"][rows] = topic_ids[topics[0]] if len(topic_ids) == 1 else [topic_ids[t] for t in topics]
             head["partition"][rows] = partitions
             head["offset"][rows] = offsets
             with txn.cursor(self._origins) as cursor:
-                present_keys = seq_keys if not missing else [seq_keys[i] for i in rows.tolist()]
                 cursor.putmulti(zip(self._origin_keys(head[rows]), present_keys))
         heads = head.view(f"V{self._record.itemsize}").tolist()
         with txn.cursor(self._entries) as cursor:
