@@ -2,14 +2,17 @@
 
 Layout (one LMDB environment, names in ``streamdedup.names``):
 
-- ``table-<i>`` (dupsort + dupfixed): key = the plan's key bits of the fingerprint, value = the rest of the
-  64-bit fold (on 64-bit fingerprints the fingerprint itself minus its key bits), so a bucket reads as one
-  packed array and a candidate is checked by one XOR + popcount. Where that check cannot reject anything
-  (fingerprints wider than 64 bits with no radius, the segmented default), the value is the entry's sequence
-  number instead, and ``folds`` stays empty: a lookup goes straight to the records.
+- ``table-<i>``: rows of key = the plan's key bits of the fingerprint, value = the rest of the 64-bit fold
+  (on 64-bit fingerprints the fingerprint itself minus its key bits), so a bucket reads as one packed array
+  and a candidate is checked by one XOR + popcount. Where that check cannot reject anything (fingerprints
+  wider than 64 bits with no radius, the segmented default), the value is the entry's sequence number
+  instead, and ``folds`` stays empty: a lookup goes straight to the records. Fold-valued tables pack each
+  key's values into one LMDB value (the ``buckets`` layout of ``table``, format 4); entry-valued tables, and
+  every table of an index written before format 4, are dupsort + dupfixed databases (``rows``).
 - ``table-staged``: table rows not yet merged into their table, one packed array per (table, batch). A
-  batch stages its rows and merges one table's staged rows into that table, in turn; lookups read the
-  staged rows from a sorted copy in memory. A random insert dirties a whole B-tree page, which every commit
+  batch stages its rows and merges one table's staged rows into that table, in turn (a table of buckets
+  lets its turn pass until it has about four staged rows per bucket); lookups read the staged rows from a
+  sorted copy in memory. A random insert dirties a whole B-tree page, which every commit
   writes out again: inserting a batch into every table rewrote nearly all table pages of a small index per
   batch, while a merge of many batches into one table rewrites that table's pages once for all of them.
 - ``folds`` (dupsort + dupfixed): fold -> entry sequence numbers (table values name a fold, not an entry,
@@ -53,15 +56,17 @@ from ..settings import IndexSettings
 from .key_filter import KeyFilter
 from .keys import TableKeys, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
+from .table import BIG_ENDIAN_U64 as _U64
+from .table import DuplicateRows, PackedBuckets, TableLayout, int_bytes, rows_in, table_class
 
 __all__ = ["EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex", "planned"]
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Format 1 had no staged rows; format 2 stored folds in every plan's tables. Both read as format 3 (with none
 # staged, with fold values) and are marked 3 when opened to write: older code must not misread new indexes.
-_READABLE_FORMATS = (1, 2, 3)
+_READABLE_FORMATS = (1, 2, 3, 4)
 NO_TOPIC = 0xFFFFFFFF
 MAX_ID_KEY_BYTES = 480  # LMDB keys stop at 511 bytes; longer ids are keyed by their BLAKE2b digest.
 _META_FORMAT = b"format"
@@ -75,7 +80,6 @@ _META_KEYED_WRITES = b"keyed_writes"  # batches that added table rows: what a ke
 _META_KEY_FILTER_TOKEN = b"key_filter_token"  # names the saved key filter; deleted by every batch that adds keys
 KEY_FILTER_FILE = "key-filter.npz"
 _FILTER_BUILD_ROWS = 65_536
-_U64 = np.dtype(">u8")
 _ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
 _T = TypeVar("_T")
 _FOLD_VALUES, _ENTRY_VALUES = "folds", "entries"
@@ -129,26 +133,6 @@ def _entries_in_tables(plan: IndexPlan) -> bool:
 
 def _seq_bytes(seqs: np.ndarray) -> list[bytes]:
     return np.ascontiguousarray(seqs, dtype=_U64).view("V8").tolist()
-
-
-def _int_rows(ints: np.ndarray, width: int) -> np.ndarray:
-    """uint64 -> (n, width) uint8: each one's last ``width`` big-endian bytes (keys and values as LMDB stores
-    them)."""
-    return np.ascontiguousarray(ints, dtype=_U64).view(np.uint8).reshape(-1, 8)[:, 8 - width :]
-
-
-def _int_bytes(ints: np.ndarray, width: int) -> list[bytes]:
-    return np.ascontiguousarray(_int_rows(ints, width)).view(f"V{width}").ravel().tolist()
-
-
-def _bytes_int(rows: np.ndarray) -> np.ndarray:
-    """(n, <=8) big-endian byte rows -> uint64 (the inverse of _int_bytes)."""
-    width = rows.shape[1]
-    if width == 8:
-        return rows.copy().view(_U64).ravel().astype(np.uint64)
-    padded = np.zeros((len(rows), 8), dtype=np.uint8)
-    padded[:, 8 - width :] = rows
-    return padded.view(_U64).ravel().astype(np.uint64)
 
 
 class _TransactionState(threading.local):
@@ -336,12 +320,15 @@ class SegmentIndex:
                 raise PlanError("bits and radius are required to create an index")
             if plan is None:
                 plan = make_plan(bits, radius, expected_entries, max_tables=max_tables)
+            entry_valued = _entries_in_tables(plan)
             fmt = {
                 "version": FORMAT_VERSION,
                 "plan": json.loads(plan.to_json()),
                 "payload_bytes": int(payload_bytes or 0),
                 "time_bucket": float(time_bucket),
-                "table_values": _ENTRY_VALUES if _entries_in_tables(plan) else _FOLD_VALUES,
+                "table_values": _ENTRY_VALUES if entry_valued else _FOLD_VALUES,
+                # Entry-valued keys hold about one row each, which dupsort stores as a plain node.
+                "table_layout": "rows" if entry_valued else "buckets",
             }
             with self.env.begin(write=True) as txn:
                 txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=self._meta)
@@ -362,8 +349,9 @@ class SegmentIndex:
         self.radius = self.plan.radius
         self.words = self.bits // 64
         self._entry_valued = fmt.get("table_values", _FOLD_VALUES) == _ENTRY_VALUES
-        self._open_dbs()
+        self._table_layout: TableLayout = fmt.get("table_layout", "rows")
         self._prepare_layout()
+        self._open_dbs()
 
     def _check_compatible(
         self, bits: int | None, radius: int | None, payload_bytes: int | None, plan: IndexPlan | None
@@ -391,17 +379,22 @@ class SegmentIndex:
             return None
 
     def _open_dbs(self) -> None:
-        fixed = {"dupsort": True, "dupfixed": True}
-        self._tables = [self._db(f"{names.INDEX_DB_TABLE_PREFIX}{t}", **fixed) for t in range(len(self.plan.tables))]
+        layout = table_class(self._table_layout)
+        self._tables: list[DuplicateRows | PackedBuckets] = [
+            layout(self._db(f"{names.INDEX_DB_TABLE_PREFIX}{t}", **layout.flags), len(key), key_bytes, value_bytes)
+            for t, (key, key_bytes, value_bytes) in enumerate(
+                zip(self._key_positions, self._key_bytes, self._value_bytes, strict=True)
+            )
+        ]
         self._staged_db = self._db(names.INDEX_DB_STAGED)
-        self._folds = self._db(names.INDEX_DB_FOLDS, **fixed)
+        self._folds = self._db(names.INDEX_DB_FOLDS, **DuplicateRows.flags)
         self._times = self._db(names.INDEX_DB_TIMES)
         self._entries = self._db(names.INDEX_DB_ENTRIES)
         self._ids = self._db(names.INDEX_DB_IDS)
         self._origins = self._db(names.INDEX_DB_ORIGINS)
         self._sources = self._db(names.INDEX_DB_SOURCES)
         self._topics = self._db(names.INDEX_DB_TOPICS)
-        missing = [db for db in (*self._tables, self._folds, self._entries) if db is None]
+        missing = [db for db in (*(table.db for table in self._tables), self._folds, self._entries) if db is None]
         if missing:
             raise PlanError(f"{self.path}: index databases missing; is it a streamdedup index?")
 
@@ -511,7 +504,7 @@ class SegmentIndex:
                     blobs[int.from_bytes(key[:2], "big")].append(blob)
         staged = []
         for table, parts in enumerate(blobs):
-            keys, values = self._split_rows(table, b"".join(parts))
+            keys, values = self._tables[table].split_rows(b"".join(parts))
             order = np.argsort(keys, kind="stable")
             staged.append((keys[order], values[order]))
         return staged
@@ -521,7 +514,7 @@ class SegmentIndex:
         if not len(keys):
             return
         staged = self._staged(txn)  # before the put: a reload from the database must not see this batch
-        txn.put(_staged_key(table, first_seq), self._join_rows(table, keys, values), db=self._staged_db)
+        txn.put(_staged_key(table, first_seq), self._tables[table].join_rows(keys, values), db=self._staged_db)
         staged[table] = _merged_sorted(*staged[table], keys, values)
         self._txn.changed = True
 
@@ -531,10 +524,7 @@ class SegmentIndex:
         old_keys, old_values = staged[table]
         keys, values = np.concatenate([old_keys, keys]), np.concatenate([old_values, values])
         order = np.argsort(keys, kind="stable")
-        with txn.cursor(self._tables[table]) as cursor:
-            cursor.putmulti(
-                zip(_int_bytes(keys[order], self._key_bytes[table]), _int_bytes(values[order], self._value_bytes[table]))
-            )
+        self._tables[table].insert(txn, keys[order], values[order])
         if len(old_keys):
             self._unstage(txn, table)
             staged[table] = (old_keys[:0], old_values[:0])
@@ -548,43 +538,19 @@ class SegmentIndex:
             while present and cursor.key()[:2] == prefix:
                 present = cursor.delete()
 
-    def _drop_staged(self, txn: Any, table: int, doomed: set[tuple[bytes, bytes]]) -> None:
-        """Remove the staged rows equal to any of the doomed (key, value) pairs of a table."""
+    def _drop_staged(self, txn: Any, table: int, doomed_keys: np.ndarray, doomed_values: np.ndarray) -> None:
+        """Remove the staged rows of a table equal to any of the doomed (key, value) rows."""
         staged = self._staged(txn)
         keys, values = staged[table]
-        if not len(keys) or not doomed:
+        kept = ~rows_in(keys, values, doomed_keys, doomed_values)
+        if kept.all():
             return
-        doomed_keys = _bytes_int(np.frombuffer(b"".join(k for k, _ in doomed), np.uint8).reshape(len(doomed), -1))
-        doomed_values = _bytes_int(np.frombuffer(b"".join(v for _, v in doomed), np.uint8).reshape(len(doomed), -1))
-        low = np.searchsorted(keys, doomed_keys, side="left")
-        high = np.searchsorted(keys, doomed_keys, side="right")
-        candidate, doomed_row = _expand_ranges(low, high)
-        gone = candidate[values[candidate] == doomed_values[doomed_row]]
-        if not len(gone):
-            return
-        kept = np.ones(len(keys), dtype=bool)
-        kept[gone] = False
         staged[table] = (keys[kept], values[kept])
         self._txn.changed = True
         # The table's blobs are rewritten as one: removals are rare next to batches staged.
         self._unstage(txn, table)
         if kept.any():
-            txn.put(_staged_key(table, 0), self._join_rows(table, *staged[table]), db=self._staged_db)
-
-    def _split_rows(self, table: int, raw: bytes) -> tuple[np.ndarray, np.ndarray]:
-        """Packed big-endian (key, value) rows, as getmulti returns a bucket, -> keys and values."""
-        kb, vb = self._key_bytes[table], self._value_bytes[table]
-        if kb + vb == 8:
-            # Key and value fill one big-endian word: split it with a shift and a mask.
-            whole = np.frombuffer(raw, dtype=_U64).astype(np.uint64)
-            return whole >> np.uint64(8 * vb), whole & np.uint64((1 << (8 * vb)) - 1)
-        rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, kb + vb)
-        return _bytes_int(rows[:, :kb]), _bytes_int(rows[:, kb:])
-
-    def _join_rows(self, table: int, keys: np.ndarray, values: np.ndarray) -> bytes:
-        """The inverse of ``_split_rows``."""
-        key_rows, value_rows = _int_rows(keys, self._key_bytes[table]), _int_rows(values, self._value_bytes[table])
-        return np.hstack([key_rows, value_rows]).tobytes()
+            txn.put(_staged_key(table, 0), self._tables[table].join_rows(*staged[table]), db=self._staged_db)
 
     # ----------------------------------------------------------------- encoding
 
@@ -628,12 +594,6 @@ class SegmentIndex:
             return values
         return scatter_bits(keys, self.plan.tables[table]) | scatter_bits(values, self.plan.value_bits(table))
 
-    def _key_list(self, table: int, keys: list[np.ndarray]) -> list[bytes]:
-        return _int_bytes(keys[table], self._key_bytes[table])
-
-    def _value_list(self, table: int, values: list[np.ndarray]) -> list[bytes]:
-        return _int_bytes(values[table], self._value_bytes[table])
-
     @staticmethod
     def _id_keys(id_bytes: list[bytes]) -> list[bytes]:
         if max(map(len, id_bytes), default=0) <= MAX_ID_KEY_BYTES:
@@ -663,20 +623,13 @@ class SegmentIndex:
         table_bounds = np.searchsorted(flat, np.arange(tables + 1) * n).tolist()
         staged = self._staged(txn)
         found_probes, found_values = [], []
-        for table, db in enumerate(self._tables):
+        for table, stored_table in enumerate(self._tables):
             low, high = table_bounds[table], table_bounds[table + 1]
             if low == high:
                 continue
             table_probed = probed[low:high]
-            with txn.cursor(db) as cursor:
-                raw = cursor.getmulti(
-                    _int_bytes(table_probed, self._key_bytes[table]),
-                    dupdata=True,
-                    dupfixed_bytes=self._value_bytes[table],
-                    keyfixed=True,
-                )
-            if raw:
-                found_keys, stored = self._split_rows(table, raw)
+            found_keys, stored = stored_table.read(txn, table_probed)
+            if len(found_keys):
                 found_probes.append(low + _bucket_owners(found_keys, table_probed))
                 found_values.append(stored)
             staged_keys, staged_values = staged[table]
@@ -1063,7 +1016,7 @@ class SegmentIndex:
             if batch_keys.unkeyed_zero:
                 wanted = keys != 0
                 keys, values = keys[wanted], values[wanted]
-            if table == merged:
+            if table == merged and self._tables[table].merge_due(txn, len(self._staged(txn)[table][0]) + len(keys)):
                 self._merge_staged(txn, table, keys, values)
             else:
                 self._stage(txn, table, first_seq, keys, values)
@@ -1209,7 +1162,6 @@ class SegmentIndex:
             txn.delete(id_keys[i], db=self._ids)
         for key in self._origin_keys(head[head["topic"] != NO_TOPIC]):
             txn.delete(key, db=self._origins)
-        kept: list[set[tuple[bytes, bytes]]] = [set() for _ in self._tables]
         survivor_seqs = np.zeros(0, dtype=np.uint64)
         if self._entry_valued:
             # Each entry has rows of its own.
@@ -1224,14 +1176,14 @@ class SegmentIndex:
             survivor_rows = np.frombuffer(survivors, dtype=np.uint8).reshape(-1, 16)
             survivor_seqs = survivor_rows[:, 8:].copy().view(_U64).astype(np.uint64).ravel()
         if len(survivor_seqs):
-            s_keys, s_values, _ = table_rows(self.plan, self._records(txn, survivor_seqs).fingerprints)
-            for table in range(len(self._tables)):
-                kept[table] = set(zip(self._key_list(table, s_keys), self._value_list(table, s_values)))
-        for table, db in enumerate(self._tables):
-            doomed = set(zip(self._key_list(table, keys), self._value_list(table, values))) - kept[table]
-            for pair in doomed:
-                txn.delete(pair[0], pair[1], db=db)
-            self._drop_staged(txn, table, doomed)
+            survivor_keys, survivor_values, _ = table_rows(self.plan, self._records(txn, survivor_seqs).fingerprints)
+        for table, stored_table in enumerate(self._tables):
+            doomed_keys, doomed_values = keys[table], values[table]
+            if len(survivor_seqs):
+                doomed = ~rows_in(doomed_keys, doomed_values, survivor_keys[table], survivor_values[table])
+                doomed_keys, doomed_values = doomed_keys[doomed], doomed_values[doomed]
+            stored_table.delete(txn, doomed_keys, doomed_values)
+            self._drop_staged(txn, table, doomed_keys, doomed_values)
         txn.put(_META_COUNT, (self._counter(txn, _META_COUNT) - n).to_bytes(8, "big"), db=self._meta)
         return n
 
@@ -1286,7 +1238,7 @@ class SegmentIndex:
         return out
 
     def _named_dbs(self) -> list[tuple[str, Any]]:
-        dbs = [(f"{names.INDEX_DB_TABLE_PREFIX}{t}", db) for t, db in enumerate(self._tables)]
+        dbs = [(f"{names.INDEX_DB_TABLE_PREFIX}{t}", table.db) for t, table in enumerate(self._tables)]
         dbs += [
             (names.INDEX_DB_STAGED, self._staged_db),
             (names.INDEX_DB_FOLDS, self._folds),
@@ -1321,6 +1273,7 @@ class SegmentIndex:
             "entries": count,
             "plan": self.plan.describe(),
             "table_values": _ENTRY_VALUES if self._entry_valued else _FOLD_VALUES,
+            "table_layout": self._table_layout,
             "payload_bytes": self.payload_bytes,
             "max_age": self.max_age,
             "max_entries": self.max_entries,

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamdedup.index import IndexStorageError, PlanError, SegmentIndex, make_plan
+from streamdedup.index.segment import FORMAT_VERSION
 from tests.index import crash_writer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,6 +285,28 @@ def test_incompatible_open_is_a_clear_error_and_stored_settings_reopen(tmp_path:
             reader.add(["x"], np.array([[1]], dtype=np.uint64))
 
 
+def _index_as_written_by(path: Path, reference: Path, **changes: object) -> None:
+    """A new, empty index at ``path`` whose stored format is ``reference``'s with ``changes`` (None deletes a key),
+    as older code wrote it: the index creates its databases as that format says when it first opens them."""
+    env = lmdb.open(str(reference), max_dbs=64, subdir=True, readonly=True)
+    try:
+        with env.begin() as txn:
+            stored = json.loads(txn.get(b"format", db=env.open_db(b"meta", txn=txn)))
+    finally:
+        env.close()
+    for key, value in changes.items():
+        if value is None:
+            stored.pop(key, None)
+        else:
+            stored[key] = value
+    env = lmdb.open(str(path), max_dbs=64, subdir=True)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(b"format", json.dumps(stored, sort_keys=True).encode(), db=env.open_db(b"meta", txn=txn))
+    finally:
+        env.close()
+
+
 def _format_version(path: Path, set_to: int | None = None) -> int:
     """The index format version stored in the meta database (first rewritten to ``set_to``, if given)."""
     env = lmdb.open(str(path), max_dbs=64, subdir=True)
@@ -300,22 +323,27 @@ def _format_version(path: Path, set_to: int | None = None) -> int:
 
 
 def test_a_format_1_index_is_read_and_upgraded_and_an_unknown_format_is_refused(tmp_path: Path) -> None:
-    # Format 1 had no staged rows; an index without any reads the same under format 3.
+    # Format 1 had no staged rows and dupsort tables (no layout recorded): it reads and grows as it was written.
     fps = _random(3, 1, np.random.default_rng(9))
-    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000):
+    with SegmentIndex(tmp_path / "reference", 64, 3, expected_entries=1000):
         pass
-    _format_version(tmp_path, set_to=1)
-    with SegmentIndex(tmp_path, None, None, payload_bytes=None, readonly=True) as reader:
+    path = tmp_path / "old"
+    _index_as_written_by(path, tmp_path / "reference", version=1, table_layout=None)
+    with SegmentIndex(path, 64, 3):
+        pass
+    _format_version(path, set_to=1)
+    with SegmentIndex(path, None, None, payload_bytes=None, readonly=True) as reader:
         assert len(reader) == 0
-    assert _format_version(tmp_path) == 1  # a reader leaves it alone
-    with SegmentIndex(tmp_path, 64, 3) as index:
+    assert _format_version(path) == 1  # a reader leaves it alone
+    with SegmentIndex(path, 64, 3) as index:
+        assert index.stats()["table_layout"] == "rows"
         index.add(["a", "b", "c"], fps)
-    assert _format_version(tmp_path) == 3
-    with SegmentIndex(tmp_path, None, None, payload_bytes=None, readonly=True) as reader:
+    assert _format_version(path) == FORMAT_VERSION
+    with SegmentIndex(path, None, None, payload_bytes=None, readonly=True) as reader:
         assert reader.query(fps) == [[("a", 0)], [("b", 0)], [("c", 0)]]
-    _format_version(tmp_path, set_to=4)
-    with pytest.raises(PlanError, match="index format 4"):
-        SegmentIndex(tmp_path, 64, 3)
+    _format_version(path, set_to=FORMAT_VERSION + 1)
+    with pytest.raises(PlanError, match=f"index format {FORMAT_VERSION + 1}"):
+        SegmentIndex(path, 64, 3)
 
 
 def test_bad_input_is_rejected_for_that_batch_only(tmp_path: Path) -> None:
@@ -538,12 +566,13 @@ def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(tmp_path
     assert plan.recall(0) == 1.0 and plan.recall(segments - 1) == 1.0 and 0 < plan.recall(bits // 2) < 1
 
 
-@pytest.mark.parametrize("table_values", ["entries", "folds"])
+@pytest.mark.parametrize(("table_values", "table_layout"), [("entries", "rows"), ("folds", "rows"), ("folds", "buckets")])
 def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_removals(
-    tmp_path: Path, table_values: str
+    tmp_path: Path, table_values: str, table_layout: str
 ) -> None:
     # A new wide index without a radius keys its tables to entries; one written by format 2 holds folds
-    # (shared by entries with equal fingerprints) and must go on working.
+    # (shared by entries with equal fingerprints) in dupsort rows and must go on working; folds packed in
+    # buckets are what a fold-valued index is given from format 4 on, here through the same adds and removals.
     from streamdedup.index.plan import make_segment_plan
 
     rng = np.random.default_rng(12)
@@ -559,23 +588,16 @@ def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_re
     seg = _segments(stored, size)
     ids = [f"e{i}" for i in range(len(stored))]
     path = tmp_path / "seg"
-    with SegmentIndex(path, bits, bits, plan=make_segment_plan(bits, segments)):
-        pass
-    env = lmdb.open(str(path), max_dbs=64, subdir=True)
-    with env.begin(write=True) as txn:
-        meta = env.open_db(b"meta", txn=txn)
-        stored_format = json.loads(txn.get(b"format", db=meta))
-        assert stored_format["table_values"] == "entries"
-        stored_format["table_values"] = table_values
-        txn.put(b"format", json.dumps(stored_format).encode(), db=meta)
-    env.close()
+    with SegmentIndex(tmp_path / "reference", bits, bits, plan=make_segment_plan(bits, segments)) as reference:
+        assert (reference.stats()["table_values"], reference.stats()["table_layout"]) == ("entries", "rows")
+    _index_as_written_by(path, tmp_path / "reference", table_values=table_values, table_layout=table_layout)
 
     def expected(alive: np.ndarray) -> list[list[str]]:
         shares = ((seg[:, None, :] == seg[None, alive, :]) & (seg[None, alive, :] != 0)).any(axis=2)
         return [sorted(ids[i] for i in alive[np.flatnonzero(row)]) for row in shares]
 
     with SegmentIndex(path, None, None, payload_bytes=None) as index:
-        assert index.stats()["table_values"] == table_values
+        assert (index.stats()["table_values"], index.stats()["table_layout"]) == (table_values, table_layout)
         for start in range(0, len(stored), 80):
             index.add(ids[start : start + 80], stored[start : start + 80])
         assert [sorted(i for i, _ in hits) for hits in index.query(stored)] == expected(np.arange(len(stored)))
@@ -595,14 +617,17 @@ def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_re
 
 
 def _table_rows(path: Path, tables: int, key_bytes: int, value_bytes: int) -> int:
-    """Distinct (table, key, value) rows, merged or still staged (white box: a staged blob is packed rows of the
-    table its key starts with, and may repeat a row that the table's merge will store once)."""
+    """Distinct (table, key, value) rows, merged or still staged (white box: a bucket packs its key's values end
+    to end, and a staged blob packs rows of the table its key starts with; either may repeat a row)."""
     env = lmdb.open(str(path), max_dbs=64, subdir=True, readonly=True)
     try:
         rows = set()
         with env.begin() as txn:
             for t in range(tables):
-                rows.update((t, key, value) for key, value in txn.cursor(env.open_db(f"table-{t}".encode(), txn=txn)))
+                db = env.open_db(f"table-{t}".encode(), txn=txn)
+                for key, value in txn.cursor(db):
+                    # A dupsort row is one value; a bucket is several, each value_bytes long.
+                    rows.update((t, key, value[i : i + value_bytes]) for i in range(0, len(value), value_bytes))
             for blob_key, blob in txn.cursor(env.open_db(b"table-staged", txn=txn)):
                 t = int.from_bytes(blob_key[:2], "big")
                 size = key_bytes + value_bytes
