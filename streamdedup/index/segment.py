@@ -644,25 +644,25 @@ class SegmentIndex:
             return empty, None
         probe_of, stored = np.concatenate(found_probes), np.concatenate(found_values)
         found_at = flat[probe_of]
-        # Each stored row pairs with every batch row of its key's run (usually one).
+        # Each stored row pairs with every batch row of its key's run (usually one): rows of a key that several
+        # batch rows share pair again with each further one (more_at), through their row (source).
         run_ends = (batch_keys.run_ends() + np.arange(tables)[:, None] * n).ravel()
-        shared = np.flatnonzero(run_ends[found_at] - found_at > 1)
-        if len(shared):
-            # Only rows whose key several batch rows share get copies, one per further batch row.
-            more_at, source = _expand_ranges(found_at[shared] + 1, run_ends[found_at[shared]])
-            source = shared[source]
-            found_at = np.concatenate([found_at, more_at])
-            stored, probe_of = np.concatenate([stored, stored[source]]), np.concatenate([probe_of, probe_of[source]])
+        shared = np.flatnonzero((run_ends[flat] - flat > 1)[probe_of])
+        more_at, source = _expand_ranges(found_at[shared] + 1, run_ends[found_at[shared]])
+        source = shared[source]
         if self._entry_valued:
             # The rows name their entries, and no radius cuts: every candidate goes on to its record.
-            near_at, named = found_at, stored
+            near_at, named = np.concatenate([found_at, more_at]), np.concatenate([stored, stored[source]])
         else:
-            # Candidates outside the radius go before anything else is built for them.
-            near = np.flatnonzero(np.bitwise_count(stored ^ batch_keys.values.ravel()[found_at]) <= radius)
-            if not len(near):
+            # Candidates outside the radius go before anything else is built for them (or copied).
+            values = batch_keys.values.ravel()
+            near = np.flatnonzero(np.bitwise_count(stored ^ values[found_at]) <= radius)
+            near_more = np.flatnonzero(np.bitwise_count(stored[source] ^ values[more_at]) <= radius)
+            near_at = np.concatenate([found_at[near], more_at[near_more]])
+            if not len(near_at):
                 return empty, None
-            near_at = found_at[near]
-            named = self._folds_from_found(near_at // n, probed[probe_of[near]], stored[near])
+            rows = np.concatenate([near, source[near_more]])
+            named = self._folds_from_found(near_at // n, probed[probe_of[rows]], stored[rows])
         qi = batch_keys.rows.ravel()[near_at]
         # A pair found through several tables counts once.
         order = np.lexsort((named, qi))
