@@ -151,16 +151,6 @@ def _staged_key(table: int, first_seq: int) -> bytes:
     return table.to_bytes(2, "big") + int(first_seq).to_bytes(8, "big")
 
 
-def _bucket_owners(found_keys: np.ndarray, probed: np.ndarray) -> np.ndarray:
-    """Index in ``probed`` (ascending, distinct) of each found row's key, the rows coming as getmulti returns
-    them: each probed key's bucket whole, in key order. One search per bucket, not per row."""
-    if not len(found_keys):
-        return np.zeros(0, dtype=np.intp)
-    starts = np.flatnonzero(np.concatenate(([True], found_keys[1:] != found_keys[:-1])))
-    sizes = np.diff(np.append(starts, len(found_keys)))
-    return np.repeat(np.searchsorted(probed, found_keys[starts]), sizes)
-
-
 def _expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every index in each [low[i], high[i]), with the i it came from."""
     counts = high - low
@@ -628,9 +618,9 @@ class SegmentIndex:
             if low == high:
                 continue
             table_probed = probed[low:high]
-            found_keys, stored = stored_table.read(txn, table_probed)
-            if len(found_keys):
-                found_probes.append(low + _bucket_owners(found_keys, table_probed))
+            owners, stored = stored_table.read(txn, table_probed)
+            if len(owners):
+                found_probes.append(low + owners)
                 found_values.append(stored)
             staged_keys, staged_values = staged[table]
             if len(staged_keys):

@@ -54,6 +54,25 @@ def bytes_int(rows: np.ndarray) -> np.ndarray:
     return padded.view(BIG_ENDIAN_U64).ravel().astype(np.uint64)
 
 
+def _unpack(buffer: bytes, width: int) -> np.ndarray:
+    """Big-endian ``width``-byte integers packed end to end -> uint64: each read as the 8-byte word that ends
+    with it (a strided view over the buffer behind 8 - width bytes of padding), then masked."""
+    if width == 8:
+        return np.frombuffer(buffer, BIG_ENDIAN_U64).astype(np.uint64)
+    words = np.ndarray((len(buffer) // width,), dtype=BIG_ENDIAN_U64, buffer=bytes(8 - width) + buffer, strides=(width,))
+    return words.astype(np.uint64) & np.uint64((1 << (8 * width)) - 1)
+
+
+def _bucket_owners(found_keys: np.ndarray, probed: np.ndarray) -> np.ndarray:
+    """Index in ``probed`` (ascending, distinct) of each found row's key, the rows coming as getmulti returns
+    them: each probed key's bucket whole, in key order. One search per bucket, not per row."""
+    if not len(found_keys):
+        return np.zeros(0, dtype=np.intp)
+    starts = np.flatnonzero(np.concatenate(([True], found_keys[1:] != found_keys[:-1])))
+    sizes = np.diff(np.append(starts, len(found_keys)))
+    return np.repeat(np.searchsorted(probed, found_keys[starts]), sizes)
+
+
 def rows_in(keys: np.ndarray, values: np.ndarray, other_keys: np.ndarray, other_values: np.ndarray) -> np.ndarray:
     """Whether each (key, value) row is one of the other rows: one search of a 64-bit hash of each row among
     the other rows' sorted hashes, confirmed on the rows themselves."""
@@ -99,7 +118,7 @@ class _Table:
         return np.hstack([int_rows(keys, self.key_bytes), int_rows(values, self.value_bytes)]).tobytes()
 
     def _empty(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+        return np.zeros(0, np.intp), np.zeros(0, np.uint64)
 
 
 class DuplicateRows(_Table):
@@ -113,12 +132,16 @@ class DuplicateRows(_Table):
         return True
 
     def read(self, txn: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The rows of these keys (ascending, distinct) that are stored: keys and values, bucket after bucket."""
+        """The stored rows of these keys (ascending, distinct), bucket after bucket: the index in ``keys`` of
+        each row's key, and its value."""
         with txn.cursor(self.db) as cursor:
             raw = cursor.getmulti(
                 int_bytes(keys, self.key_bytes), dupdata=True, dupfixed_bytes=self.value_bytes, keyfixed=True
             )
-        return self.split_rows(raw) if raw else self._empty()
+        if not raw:
+            return self._empty()
+        found_keys, values = self.split_rows(raw)
+        return _bucket_owners(found_keys, keys), values
 
     def insert(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
         """Store rows (keys ascending)."""
@@ -144,16 +167,16 @@ class PackedBuckets(_Table):
         return rows >= min(4 * buckets, _MOST_ROWS_AWAITING_MERGE)
 
     def read(self, txn: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The rows of these keys (ascending, distinct) that are stored: keys and values, bucket after bucket."""
+        """The stored rows of these keys (ascending, distinct), bucket after bucket: the index in ``keys`` of
+        each row's key, and its value."""
         with txn.cursor(self.db) as cursor:
             found = cursor.getmulti(int_bytes(keys, self.key_bytes))
         if not found:
             return self._empty()
         buckets = list(map(_second, found))
-        found_keys = bytes_int(np.frombuffer(b"".join(map(_first, found)), np.uint8).reshape(-1, self.key_bytes))
         sizes = np.fromiter(map(len, buckets), dtype=np.int64, count=len(buckets)) // self.value_bytes
-        values = bytes_int(np.frombuffer(b"".join(buckets), np.uint8).reshape(-1, self.value_bytes))
-        return np.repeat(found_keys, sizes), values
+        found_keys = _unpack(b"".join(map(_first, found)), self.key_bytes)
+        return np.repeat(np.searchsorted(keys, found_keys), sizes), _unpack(b"".join(buckets), self.value_bytes)
 
     def insert(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
         """Store rows (keys ascending). Rows for at least half the table's buckets rewrite the whole table in key
@@ -186,7 +209,9 @@ class PackedBuckets(_Table):
         """Remove every copy of these rows: the buckets they are in are rewritten without them, or deleted."""
         if not len(keys):
             return
-        found_keys, found_values = self.read(txn, np.unique(keys))
+        unique = np.unique(keys)
+        owners, found_values = self.read(txn, unique)
+        found_keys = unique[owners]
         gone = rows_in(found_keys, found_values, keys, values)
         if not gone.any():
             return
