@@ -43,6 +43,7 @@ def test_stats_query_and_export_read_the_index(filled: tuple[Path, np.ndarray]) 
     assert stats["entries"] == 300
     assert stats["plan"]["bits"] == 128 and stats["plan"]["kind"] == "exact"
     assert stats["table_values"] == "folds"  # a radius: the fold check rejects candidates before their records
+    assert stats["table_layout"] == "buckets"  # fold-valued keys hold several rows each: packed, one LMDB value a key
     assert stats["source_offsets"] == {"topic:0": 300}
     assert stats["table_bytes"] > 0 and stats["disk_bytes"] >= stats["table_bytes"]
     hexes = ["".join(f"{int(w):016x}" for w in fps[i]) for i in (0, 7)]
