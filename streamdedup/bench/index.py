@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import names
 from ..index import SegmentIndex
 from ..settings import Settings
 
@@ -119,6 +120,9 @@ def _run(args: argparse.Namespace, work: Path, sync: bool) -> int:
           f"{stats['table_bytes_per_entry'] / tables:.2f} |")
     print(f"| table bytes per entry per table, batches of {args.small_insert_batch:,} | "
           f"{small_stats['table_bytes_per_entry'] / tables:.2f} |")
+    for batch, batch_stats in ((args.insert_batch, stats), (args.small_insert_batch, small_stats)):
+        print(f"| merged tables only (staged rows, packed at 8 B, left out), batches of {batch:,} (bytes per row) | "
+              f"{_merged_bytes_per_row(batch_stats, tables):.2f} |")
     print(f"| other bytes per entry (id map, records, fold map, time index) | {stats['other_bytes_per_entry']:.1f} |")
     print(f"| disk in use per entry, all databases | {stats['disk_bytes'] / n:.1f} |")
     for size, timing in growth:
@@ -147,6 +151,12 @@ def _ten_million(args: argparse.Namespace, work: Path, sync: bool, rng: np.rando
     print(f"| 10M plan table bytes per entry per table | {stats['table_bytes_per_entry'] / tables:.2f} |")
     print(f"| 10M plan disk in use per entry | {stats['disk_bytes'] / n:.1f} |")
     index.close()
+
+
+def _merged_bytes_per_row(stats: dict, tables: int) -> float:
+    """Bytes per row of the tables' merged part: every entry has one row per table here (random fingerprints)."""
+    staged_bytes = stats["disk_bytes_by_db"][names.INDEX_DB_STAGED]
+    return (stats["table_bytes"] - staged_bytes) / (stats["entries"] * tables - stats["staged_rows"])
 
 
 def _random(n: int, rng: np.random.Generator) -> np.ndarray:

@@ -1257,6 +1257,7 @@ class SegmentIndex:
             sources = self._sources_in(txn)
             with txn.cursor(self._times) as cursor:
                 first_key = cursor.key() if cursor.first() else None
+            staged_rows = sum(len(keys) for keys, _ in self._staged(txn))
         table_bytes = sum(v for k, v in disk.items() if k.startswith(names.INDEX_DB_TABLE_PREFIX))
         return {
             "path": str(self.path),
@@ -1272,6 +1273,7 @@ class SegmentIndex:
             "map_size": self.env.info()["map_size"],
             "disk_bytes": sum(disk.values()),
             "table_bytes": table_bytes,
+            "staged_rows": staged_rows,
             "table_bytes_per_entry": table_bytes / count if count else None,
             "other_bytes_per_entry": (sum(disk.values()) - table_bytes) / count if count else None,
             "disk_bytes_by_db": disk,

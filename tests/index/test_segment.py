@@ -655,3 +655,15 @@ def test_search_entries_returns_the_records_row_for_row(tmp_path: Path) -> None:
         assert records.times.tolist() == [3.0, 9.0, 9.0]
         assert records.payloads.tolist() == [[3, 7], [9, 7], [9, 7]]
         assert [[(i, d)] for i, d in zip(records.ids, result.distances.tolist())] == index.query(queries)
+
+
+def test_stats_count_the_rows_still_staged(tmp_path: Path) -> None:
+    fps = _random(100, 1, np.random.default_rng(4))
+    ids = [f"s{i}" for i in range(100)]
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000) as index:
+        tables = len(index.plan.tables)
+        index.add(ids, fps)
+        # The first table took its turn and merged (an empty table of buckets merges whatever it is given).
+        assert index.stats()["staged_rows"] == 100 * (tables - 1)
+        index.remove(ids)
+        assert index.stats()["staged_rows"] == 0
