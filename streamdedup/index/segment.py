@@ -64,8 +64,9 @@ __all__ = ["EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex", 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 4
-# Format 1 had no staged rows; format 2 stored folds in every plan's tables. Both read as format 3 (with none
-# staged, with fold values) and are marked 3 when opened to write: older code must not misread new indexes.
+# Format 1 had no staged rows; format 2 stored folds in every plan's tables; formats 1-3 kept every table as
+# dupsort rows. All read as format 4 (with none staged, with fold values, with the rows layout) and are marked 4
+# when opened to write: older code must not misread new indexes.
 _READABLE_FORMATS = (1, 2, 3, 4)
 NO_TOPIC = 0xFFFFFFFF
 MAX_ID_KEY_BYTES = 480  # LMDB keys stop at 511 bytes; longer ids are keyed by their BLAKE2b digest.
