@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from importlib.metadata import version as _version
 
-from .document_encoder import SimHashDocumentEncoder
-from .features import FeatureBatch, FeatureExtractor
-from .fingerprint import FingerprintBatch, Fingerprinter, fingerprint_hex, simhash_from_bits
-from .minhash import BottomK
-from .normalize import Normalizer
-from .settings import ConfigError, Settings, load_settings
-from .signature import Signatures, Signer, SignerPool
+from .cpu import prefer_avx2_sorting
+
+# numpy reads its dispatch settings once, when it loads: before any module below imports it.
+prefer_avx2_sorting()
+
+from .document_encoder import SimHashDocumentEncoder  # noqa: E402
+from .features import FeatureBatch, FeatureExtractor  # noqa: E402
+from .fingerprint import FingerprintBatch, Fingerprinter, fingerprint_hex, simhash_from_bits  # noqa: E402
+from .minhash import BottomK  # noqa: E402
+from .normalize import Normalizer  # noqa: E402
+from .settings import ConfigError, Settings, load_settings  # noqa: E402
+from .signature import Signatures, Signer, SignerPool  # noqa: E402
 
 __version__ = _version("streamdedup")
 
