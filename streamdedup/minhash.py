@@ -65,7 +65,9 @@ class BottomK:
         if a.shape != b.shape or a.shape[1] != self.k:
             raise ValueError(f"sketches must both have shape (n, {self.k}), got {a.shape} and {b.shape}")
         merged = np.concatenate([a, b], axis=1)
-        merged.sort(axis=1)
+        # Two sorted runs side by side: numpy's stable sort (a merge sort) merges them in about half the time of
+        # its default.
+        merged.sort(axis=1, kind="stable")
         # Each sketch holds distinct values, so a value in both appears exactly twice, side by side: position
         # j + 1 repeats position j.
         repeat = merged[:, 1:] == merged[:, :-1]

@@ -46,6 +46,17 @@ def test_narrow_keys_get_a_bit_each_and_no_false_positive() -> None:
     assert key_filter.may_contain(tables, asked).tolist() == [True, False, False, True, False]
 
 
+def test_keys_sharing_bytes_in_one_batch_all_get_their_bits() -> None:
+    rng = np.random.default_rng(4)
+    key_filter = KeyFilter([16, 16], capacity=10, covers=0)
+    # Dense, with repeats: most bytes take several bits, some the same bit more than once, in one call.
+    added = rng.integers(0, 2**10, size=(2, 3_000), dtype=np.uint64)
+    key_filter.add(added)
+    everything = np.arange(2**16, dtype=np.uint64)
+    for table in range(2):
+        assert np.flatnonzero(key_filter.may_contain(table, everything)).tolist() == np.unique(added[table]).tolist()
+
+
 def test_bitmaps_grow_with_capacity_up_to_the_memory_cap_and_no_further() -> None:
     small, large = KeyFilter([32] * 32, 1_000, 0), KeyFilter([32] * 32, 100_000_000, 0)
     assert small.slot_bits == 20 and small.outgrown(2 * MIN_CAPACITY) and not small.outgrown(MIN_CAPACITY)
