@@ -176,7 +176,7 @@ class DedupService(Lifecycle):
         workers = self.settings.dedup.workers
         if workers:
             self._signers = SignerPool(self.settings.fingerprint, self.settings.dedup, workers, self._decisions.plan)
-            await asyncio.wrap_future(self._signers.submit([]))
+            await asyncio.gather(*map(asyncio.wrap_future, self._signers.warm_up()))
 
     async def _stop_signers(self) -> None:
         signers, self._signers = self._signers, None

@@ -142,3 +142,16 @@ def test_stop_finishes_the_batches_already_submitted_and_refuses_new_ones(settin
     assert np.array_equal(queued.result().fingerprints, first.result().fingerprints[:10])
     with pytest.raises(RuntimeError, match="stopped"):
         pool.submit(texts[:1])
+
+
+def test_warm_up_reaches_every_worker_and_signing_goes_on_as_before(settings: Settings) -> None:
+    with SignerPool(settings.fingerprint, settings.dedup, workers=2) as pool:
+        ready = pool.warm_up()
+        assert len(ready) == 2
+        assert [len(future.result(timeout=120)) for future in ready] == [0, 0]
+        assert len({pid for pid in pool.pids}) == 2
+        texts = ["one text", "another text entirely"]
+        signed_here = Signer(settings.fingerprint, settings.dedup).sign(texts).fingerprints
+        assert all(np.array_equal(pool.submit(texts).result(timeout=60).fingerprints, signed_here) for _ in range(2))
+    with pytest.raises(RuntimeError, match="stopped"):
+        pool.warm_up()
