@@ -10,8 +10,11 @@ near copies of stored fingerprints (1-3 bits flipped), half random. Peers on the
   ``--simhash-entries`` fingerprints and timed on ``--simhash-queries`` queries (said in the output). A
   smaller stored set makes its buckets smaller, which favours the peer.
 
-Query time growth is measured on the same index at checkpoints while it fills (100k, then ``--entries``);
-``--with-10m`` adds a second index planned for 10M entries with checkpoints at 100k, 1M and 10M.
+Search is timed in ``--rounds`` rounds in turn (ours, faiss, simhash) and each keeps its fastest round, as
+``timeit`` keeps the best of several: a slow moment of a shared machine then decides no ratio.
+
+Query time growth is measured (in one pass) on the same index at checkpoints while it fills (100k, then
+``--entries``); ``--with-10m`` adds a second index planned for 10M entries with checkpoints at 100k, 1M and 10M.
 """
 
 from __future__ import annotations
