@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from streamdedup import cpu
 from streamdedup.cpu import AVX512_TARGETS, is_zen4, prefer_avx2_sorting
 
 
@@ -28,6 +29,12 @@ ICE_LAKE = _cpuinfo("GenuineIntel", 6, "fpu sse2 avx2 avx512f avx512dq avx512bw"
 )
 def test_only_amd_family_19h_with_avx512_is_zen4(cpuinfo: str, expected: bool) -> None:
     assert is_zen4(cpuinfo) is expected
+
+
+@pytest.fixture(autouse=True)
+def numpy_2_4(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unit tests below hold for the numpy whose target names the module uses, whatever is installed."""
+    monkeypatch.setattr(cpu, "_numpy_version", lambda: (2, 4))
 
 
 def test_on_zen4_numpy_is_asked_to_leave_its_avx512_targets(tmp_path: Path) -> None:
@@ -55,6 +62,15 @@ def test_elsewhere_nothing_is_asked(tmp_path: Path, cpuinfo_text: str, environ: 
     before = dict(environ)
     assert prefer_avx2_sorting(cpuinfo, environ, loaded_modules=loaded) is False
     assert environ == before
+
+
+def test_a_numpy_naming_its_targets_otherwise_is_not_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(ZEN4)
+    monkeypatch.setattr(cpu, "_numpy_version", lambda: (2, 3))
+    environ: dict[str, str] = {}
+    assert prefer_avx2_sorting(cpuinfo, environ, loaded_modules=set()) is False
+    assert environ == {}
 
 
 def test_without_procfs_nothing_is_asked(tmp_path: Path) -> None:
