@@ -3,10 +3,11 @@
 numpy sorts 32- and 64-bit keys with x86-simd-sort's AVX-512 kernels wherever the processor has AVX-512.
 Those kernels write through ``vpcompress`` with a memory destination, which AMD Zen 4 (family 19h, the
 first AMD cores with AVX-512) runs in microcode: there ``np.sort`` is about four times slower than with
-numpy's AVX2 kernels (numpy/x86-simd-sort#6, numpy/numpy#32690; Zen 5 fixed it). Fingerprinting, index
-merges and lookups all sort whole batches, so on Zen 4 streamdedup asks numpy to dispatch to AVX2. numpy
-reads that request once, when it loads, so it is made before anything imports numpy, and a user's own
-``NPY_DISABLE_CPU_FEATURES`` or ``NPY_ENABLE_CPU_FEATURES`` (even empty) is left as it is.
+numpy's AVX2 kernels (numpy/x86-simd-sort#6, numpy/numpy#32690; Zen 5 reportedly runs them at full speed).
+Fingerprinting, index merges and lookups all sort whole batches, so on Zen 4 streamdedup asks numpy to
+dispatch to AVX2. numpy reads that request once, when it loads, so it is made before anything imports
+numpy, and a user's own ``NPY_DISABLE_CPU_FEATURES`` or ``NPY_ENABLE_CPU_FEATURES`` (even empty) is left as
+it is.
 """
 
 from __future__ import annotations
