@@ -629,8 +629,10 @@ class SegmentIndex:
                     np.searchsorted(staged_keys, table_probed, side="left"),
                     np.searchsorted(staged_keys, table_probed, side="right"),
                 )
-                found_probes.append(low + staged_probe)
-                found_values.append(staged_values[staged_rows])
+                if len(staged_probe):
+                    found_probes.append(low + staged_probe)
+                    found_values.append(staged_values[staged_rows])
+        # Nothing found (probes can pass the key filter on a removed row's bit, or miss the staged rows).
         if not found_probes:
             return empty, None
         probe_of, stored = np.concatenate(found_probes), np.concatenate(found_values)

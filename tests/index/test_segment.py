@@ -566,6 +566,27 @@ def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(tmp_path
     assert plan.recall(0) == 1.0 and plan.recall(segments - 1) == 1.0 and 0 < plan.recall(bits // 2) < 1
 
 
+def test_a_lookup_reaching_lmdb_that_matches_no_merged_and_no_staged_row_finds_nothing(tmp_path: Path) -> None:
+    # Found by the kill -9 test: after a rollback the writer's key filter keeps the removed rows' bits, so a
+    # probe can reach the tables and match nothing, merged or staged. A reader has no key filter: every probe
+    # reaches the tables.
+    from streamdedup.index.plan import make_segment_plan
+
+    rng = np.random.default_rng(8)
+    bits, segments = 256, 8
+    stored = _random(50, bits // 64, rng)
+    with SegmentIndex(tmp_path, bits, bits, plan=make_segment_plan(bits, segments)) as writer:
+        writer.add([f"e{i}" for i in range(len(stored))], stored)
+        assert writer.stats()["staged_rows"] > 0
+    with SegmentIndex(tmp_path, None, None, payload_bytes=None, readonly=True) as reader:
+        for unrelated in _random(5, bits // 64, rng):
+            assert len(reader.search(unrelated[None, :])) == 0
+            assert reader.query(unrelated[None, :]) == [[]]
+        # Mixed with a stored one, only that one is found.
+        found = reader.search(np.vstack([_random(1, bits // 64, rng), stored[7:8]]))
+        assert found.rows.tolist() == [1] and found.distances.tolist() == [0]
+
+
 @pytest.mark.parametrize(("table_values", "table_layout"), [("entries", "rows"), ("folds", "rows"), ("folds", "buckets")])
 def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_removals(
     tmp_path: Path, table_values: str, table_layout: str
