@@ -125,10 +125,12 @@ def dedup_file(
         """Decoded batches tagged with their lines and byte count; dead letters are written as they are met
         (they never reach the decision core)."""
         for lines in _batches(source, batch_size):
-            decoded = [
-                decoder.decode(line, default_id=f"line-{summary.read + n + 1}", timestamp=0.0)
-                for n, line in enumerate(lines)
-            ]
+            first = summary.read + 1
+            decoded = decoder.decode_many(
+                lines,
+                default_ids=[f"line-{number}" for number in range(first, first + len(lines))],
+                timestamps=[0.0] * len(lines),
+            )
             summary.read += len(lines)
             kept_lines, docs = [], []
             for line, item in zip(lines, decoded, strict=True):

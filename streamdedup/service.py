@@ -439,16 +439,13 @@ class DedupService(Lifecycle):
     def _prepare(self, records: Sequence[ConsumerRecord]) -> _Prepared:
         """Decode a fetched batch and hand its texts to the signing workers; nothing is decided yet."""
         started = time.perf_counter()
-        decode = self._decoder.decode
-        decoded = [
-            decode(
-                record.value,
-                default_id=f"{record.topic}-{record.partition}-{record.offset}",
-                timestamp=record.timestamp / 1000.0,
-                origin=(record.topic, record.partition, record.offset),
-            )
-            for record in records
-        ]
+        origins = [(record.topic, record.partition, record.offset) for record in records]
+        decoded = self._decoder.decode_many(
+            [record.value for record in records],
+            default_ids=[f"{topic}-{partition}-{offset}" for topic, partition, offset in origins],
+            timestamps=[record.timestamp / 1000.0 for record in records],
+            origins=origins,
+        )
         documents = [item for item in decoded if type(item) is Document]
         # Plain tuples per record (a TopicPartition is several times dearer to build), one per partition after.
         last_offsets = {(record.topic, record.partition): record.offset for record in records}

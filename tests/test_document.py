@@ -109,3 +109,79 @@ def test_any_bytes_decode_to_a_document_or_a_dead_letter(value: bytes) -> None:
 def test_json_round_trip_keeps_text_and_id(text: str, other: str, ident: int) -> None:
     value = json.dumps({"text": text, "other": other, "id": ident}).encode()
     assert decode(value, id_field="id") == Document(str(ident), text, 1700000000.5)
+
+
+def decode_both(values: list[bytes | None], settings: InputSettings) -> tuple[list[object], list[object]]:
+    """decode_many's results and decode's, record by record, for the same values."""
+    decoder = DocumentDecoder(settings)
+    ids = [f"t-0-{n}" for n in range(len(values))]
+    times = [1700000000.0 + n for n in range(len(values))]
+    origins = [("t", 0, n) for n in range(len(values))]
+    many = decoder.decode_many(values, default_ids=ids, timestamps=times, origins=origins)
+    each = [
+        decoder.decode(value, default_id=ids[n], timestamp=times[n], origin=origins[n]) for n, value in enumerate(values)
+    ]
+    return many, each
+
+
+def test_a_batch_of_plain_records_decodes_column_by_column_as_record_by_record() -> None:
+    values = [b'{"id": "a", "text": "first"}', b'{"text": "second", "id": "b", "extra": [1]}']
+    many, each = decode_both(values, InputSettings(id_field="id"))
+    assert many == each == [
+        Document("a", "first", 1700000000.0, ("t", 0, 0)),
+        Document("b", "second", 1700000001.0, ("t", 0, 1)),
+    ]
+
+
+def test_one_bad_record_in_a_batch_is_dead_lettered_alone() -> None:
+    values = [b'{"text": "fine"}', b'{"text": "broken', None, b'{"text": "  "}', b'{"text": "also fine"}']
+    many, each = decode_both(values, InputSettings())
+    assert many == each
+    assert [type(item).__name__ for item in many] == ["Document", "DeadLetter", "DeadLetter", "DeadLetter", "Document"]
+    assert [item.reason for item in many if isinstance(item, DeadLetter)] == ["invalid_json", "null_value", "empty_text"]
+    assert many[4] == Document("t-0-4", "also fine", 1700000004.0, ("t", 0, 4))
+
+
+@pytest.mark.parametrize("bad_id", [b'""', b"null", b"1.5", b"12345678901234567890123"])
+def test_a_record_whose_id_is_empty_or_not_a_plain_string_is_read_on_its_own(bad_id: bytes) -> None:
+    values = [b'{"id": "a", "text": "x"}', b'{"id": ' + bad_id + b', "text": "y"}']
+    many, each = decode_both(values, InputSettings(id_field="id"))
+    assert many == each
+    assert many[0] == Document("a", "x", 1700000000.0, ("t", 0, 0))
+
+
+def test_decode_many_wants_one_value_per_default_id_and_timestamp() -> None:
+    decoder = DocumentDecoder(InputSettings())
+    with pytest.raises(ValueError, match="one length"):
+        decoder.decode_many([b'{"text": "a"}'], default_ids=[], timestamps=[0.0])
+
+
+_FIELD_VALUES = st.one_of(
+    st.text(max_size=8), st.integers(), st.floats(allow_nan=False), st.none(), st.booleans(), st.just(2**70)
+)
+_RECORDS = st.one_of(
+    st.fixed_dictionaries({}, optional={"text": _FIELD_VALUES, "title": _FIELD_VALUES, "id": _FIELD_VALUES}).map(
+        lambda record: json.dumps(record).encode()
+    ),
+    st.binary(max_size=20),
+    st.none(),
+)
+
+
+@given(
+    st.lists(_RECORDS, max_size=6),
+    st.sampled_from(
+        [
+            {},
+            {"id_field": "id"},
+            {"text_fields": ["title", "text"], "text_separator": " / "},
+            {"time_field": "id"},
+            {"text_fields": ["meta.text"]},
+            {"format": "text"},
+            {"max_message_bytes": 25},
+        ]
+    ),
+)
+def test_decode_many_gives_what_decode_gives_each_value(values: list[bytes | None], settings: dict[str, object]) -> None:
+    many, each = decode_both(values, InputSettings(**settings))
+    assert many == each
