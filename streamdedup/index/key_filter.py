@@ -70,14 +70,25 @@ class KeyFilter:
         slots = self._slots(keys)
         row_bytes = np.uint64(self._bitmaps.shape[1])
         positions = (np.arange(len(slots), dtype=np.uint64)[:, None] * row_bytes + (slots >> np.uint64(3))).ravel()
-        bits = np.left_shift(np.uint8(1), (slots & np.uint64(7)).astype(np.uint8)).ravel()
-        np.bitwise_or.at(self._bitmaps.reshape(-1), positions.astype(np.intp), bits)
+        positions = positions.astype(np.intp)
+        bits = (slots & np.uint64(7)).astype(np.uint8).ravel()
+        # One pass per bit position, where np.bitwise_or.at would take one pass over all but runs 5-7x slower:
+        # within a pass every write ORs the same bit, so keys that share a byte cannot undo each other's.
+        order = np.argsort(bits, kind="stable")
+        bounds = np.searchsorted(bits[order], np.arange(9, dtype=np.uint8)).tolist()
+        flat = self._bitmaps.reshape(-1)
+        for bit in range(8):
+            flat[positions[order[bounds[bit] : bounds[bit + 1]]]] |= np.uint8(1 << bit)
 
     def may_contain(self, table: int | np.ndarray, keys: np.ndarray) -> np.ndarray:
         """False where ``keys`` are certainly absent from ``table`` (or from ``table[i]`` each, given an array)."""
         slots = self._slots(keys)
-        found = self._bitmaps[table, (slots >> np.uint64(3)).astype(np.intp)] >> (slots & np.uint64(7)).astype(np.uint8)
-        return (found & 1).astype(bool)
+        # One gather from the flat bitmaps: cheaper than indexing rows and columns.
+        at = (slots >> np.uint64(3)).astype(np.intp)
+        at += np.asarray(table, dtype=np.intp) * self._bitmaps.shape[1]
+        found = self._bitmaps.reshape(-1)[at]
+        found >>= (slots & np.uint64(7)).astype(np.uint8)
+        return (found & np.uint8(1)).view(bool)
 
     def save(self, path: Path, token: bytes) -> None:
         """Write the bitmaps and ``token`` to ``path`` (complete or not at all)."""
