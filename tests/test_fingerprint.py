@@ -327,6 +327,34 @@ def test_segmented_simhash_matches_brute_force(
         assert got == expected
 
 
+def test_segmented_simhash_of_a_batch_past_16_bit_groups_equals_its_parts() -> None:
+    """Batches of more than 2**16 (document, segment) groups take another grouping path; each document's
+    fingerprint must not depend on it."""
+    from streamdedup.fingerprint import segmented_simhash
+
+    rng = np.random.default_rng(12)
+    documents, segments = 2_100, 32
+    counts = rng.integers(1, 80, documents)
+    hashes = rng.integers(0, 2**63, int(counts.sum()), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    # Ascending identities within each document, as the extractor leaves them.
+    identities = np.concatenate(
+        [np.sort(rng.choice(2**44, size=count, replace=False)).astype(np.uint64) for count in counts]
+    )
+
+    def part(first: int, last: int) -> np.ndarray:
+        low, high = offsets[first], offsets[last]
+        batch = FeatureBatch(
+            hashes[low:high], np.ones(high - low), offsets[first : last + 1] - low, hashes[low:high, None], identities[low:high]
+        )
+        return segmented_simhash(batch, 1024, segments, min_features=2, sample=96)
+
+    assert documents * segments > 1 << 16
+    whole = part(0, documents)
+    assert np.array_equal(whole, np.concatenate([part(0, 1_000), part(1_000, documents)]))
+    assert np.count_nonzero(whole) > whole.size // 2
+
+
 def segments32(row: np.ndarray) -> list[int]:
     """The 32-bit segments of a fingerprint row, left to right."""
     return row.astype(">u8").view(">u4").tolist()
