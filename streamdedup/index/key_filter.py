@@ -31,6 +31,9 @@ MIN_CAPACITY = 1 << 16
 MAX_BYTES = 128 << 20
 """All tables together: past ~2M entries under 32 tables the filter lets more misses through, not more memory."""
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the product's top bits mix every key bit
+# Keys per table added at once: with many more, the passes' scattered reads and writes fall out of cache (65,536
+# a table in one go took longer than np.bitwise_or.at; in blocks of this size, 10-20 % less).
+_ADD_BLOCK = 8192
 
 
 class KeyFilter:
@@ -67,12 +70,17 @@ class KeyFilter:
 
     def add(self, keys: np.ndarray) -> None:
         """Mark ``keys`` ((tables, n) uint64, row t holding table t's keys) as present."""
+        keys = np.asarray(keys, dtype=np.uint64)
+        for start in range(0, keys.shape[1], _ADD_BLOCK):
+            self._add_block(keys[:, start : start + _ADD_BLOCK])
+
+    def _add_block(self, keys: np.ndarray) -> None:
         slots = self._slots(keys)
         row_bytes = np.uint64(self._bitmaps.shape[1])
         positions = (np.arange(len(slots), dtype=np.uint64)[:, None] * row_bytes + (slots >> np.uint64(3))).ravel()
         positions = positions.astype(np.intp)
         bits = (slots & np.uint64(7)).astype(np.uint8).ravel()
-        # One pass per bit position, where np.bitwise_or.at would take one pass over all but runs 5-7x slower:
+        # One pass per bit position, where np.bitwise_or.at takes one pass but 3-6x as long on a batch's keys:
         # within a pass every write ORs the same bit, so keys that share a byte cannot undo each other's.
         order = np.argsort(bits, kind="stable")
         bounds = np.searchsorted(bits[order], np.arange(9, dtype=np.uint8)).tolist()
