@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO
 
 import numpy as np
 from tqdm import tqdm
@@ -22,13 +22,10 @@ from tqdm import tqdm
 from .decide import Deduplicator, Verdicts
 from .document import DeadLetter, Document, DocumentDecoder
 from .index import IndexPlan, SegmentIndex, planned
-from .settings import Settings
-from .signature import Signatures, SignerPool
+from .settings import InputSettings, Settings
+from .signature import Signatures, Signer, SignerPool
 
-__all__ = ["DedupSummary", "decide_batches", "dedup_file", "index_plan", "open_index", "signer_pool"]
-
-_Tag = TypeVar("_Tag")
-
+__all__ = ["DedupSummary", "decide_lines", "dedup_file", "index_plan", "open_index", "signer_pool"]
 
 @dataclass
 class DedupSummary:
@@ -77,26 +74,52 @@ def signer_pool(settings: Settings, plan: IndexPlan | None = None) -> SignerPool
     return SignerPool(settings.fingerprint, settings.dedup, workers, plan or index_plan(settings))
 
 
-def decide_batches(
-    dedup: Deduplicator, batches: Iterable[tuple[_Tag, list[Document]]], pool: SignerPool | None
-) -> Iterator[tuple[_Tag, list[Document], Verdicts]]:
-    """Each (tag, batch) with the batch's verdicts, in order. With a pool, the batches after this one are
-    read and signed in the workers while this one is decided, two ahead per worker: with one, a worker that
-    shared the cores with deciding could still be signing the next batch when it was wanted."""
+def decide_lines(
+    dedup: Deduplicator, batches: Iterable[list[bytes]], input_settings: InputSettings, pool: SignerPool | None
+) -> Iterator[tuple[list[bytes], list[Document | DeadLetter], Verdicts]]:
+    """Each batch of JSONL lines, in order, with what each line decoded to and the verdicts of its documents
+    (ids default to ``line-N``, counted from 1 over all batches). With a pool, the batches after this one are
+    decoded and signed in the workers while this one is decided, two ahead per worker: with one, a worker that
+    shared the cores with deciding could still be signing the next batch when it was wanted. Documents come
+    back from the workers without their texts, which deciding does not read."""
     ahead = 0 if pool is None else 2 * pool.workers
-    pending: deque[tuple[_Tag, list[Document], Future[Signatures] | None]] = deque()
-    for tag, docs in batches:
-        pending.append((tag, docs, None if pool is None else pool.submit([doc.text for doc in docs])))
+    pending: deque[tuple[list[bytes], Future[_Read] | _Read]] = deque()
+    first = 1
+    for lines in batches:
+        if pool is None:
+            pending.append((lines, (_decoded(lines, input_settings, first), None)))
+        else:
+            pending.append((lines, pool.run(_decoded_and_signed, lines, input_settings, first)))
+        first += len(lines)
         if len(pending) > ahead:
             yield _decided(dedup, *pending.popleft())
     while pending:
         yield _decided(dedup, *pending.popleft())
 
 
+# A batch's lines as decoded, and their documents' signatures when signed in a worker.
+_Read = tuple[list[Document | DeadLetter], Signatures | None]
+
+
+def _decoded(lines: list[bytes], input_settings: InputSettings, first: int) -> list[Document | DeadLetter]:
+    return DocumentDecoder(input_settings).decode_many(
+        lines, default_ids=[f"line-{number}" for number in range(first, first + len(lines))], timestamps=[0.0] * len(lines)
+    )
+
+
+def _decoded_and_signed(signer: Signer, lines: list[bytes], input_settings: InputSettings, first: int) -> _Read:
+    """In a signing worker: the lines decoded (documents without their texts) and their documents signed."""
+    decoded = _decoded(lines, input_settings, first)
+    signatures = signer.sign([item.text for item in decoded if type(item) is Document])
+    return [item if type(item) is DeadLetter else item._replace(text="") for item in decoded], signatures
+
+
 def _decided(
-    dedup: Deduplicator, tag: _Tag, docs: list[Document], signing: Future[Signatures] | None
-) -> tuple[_Tag, list[Document], Verdicts]:
-    return tag, docs, dedup.decide(docs, signatures=None if signing is None else signing.result())
+    dedup: Deduplicator, lines: list[bytes], read: Future[_Read] | _Read
+) -> tuple[list[bytes], list[Document | DeadLetter], Verdicts]:
+    decoded, signatures = read.result() if isinstance(read, Future) else read
+    docs = [item for item in decoded if type(item) is Document]
+    return lines, decoded, dedup.decide(docs, signatures=signatures)
 
 
 def dedup_file(
@@ -117,31 +140,10 @@ def dedup_file(
     (left running), else the configured workers are started for this file."""
     batch_size = batch_size or settings.dedup.batch_size
     # JSONL records carry their own id; Kafka's default (topic-partition-offset) has no meaning here.
-    decoder = DocumentDecoder(settings.input.model_copy(update={"id_field": settings.input.id_field or "id"}))
+    input_settings = settings.input.model_copy(update={"id_field": settings.input.id_field or "id"})
     summary = DedupSummary()
     show_progress = sys.stderr.isatty() if progress is None else progress
     dead_letter_path = dead_letter_path or output_path.with_name(output_path.name + ".dead-letters.jsonl")
-    def documents(source: BinaryIO, dead_out: BinaryIO) -> Iterator[tuple[tuple[list[bytes], int], list[Document]]]:
-        """Decoded batches tagged with their lines and byte count; dead letters are written as they are met
-        (they never reach the decision core)."""
-        for lines in _batches(source, batch_size):
-            first = summary.read + 1
-            decoded = decoder.decode_many(
-                lines,
-                default_ids=[f"line-{number}" for number in range(first, first + len(lines))],
-                timestamps=[0.0] * len(lines),
-            )
-            summary.read += len(lines)
-            kept_lines, docs = [], []
-            for line, item in zip(lines, decoded, strict=True):
-                if isinstance(item, Document):
-                    kept_lines.append(line)
-                    docs.append(item)
-                else:
-                    summary.dead_lettered[item.reason] += 1
-                    dead_out.write(_dead_letter_line(line, item))
-            yield (kept_lines, sum(map(len, lines))), docs
-
     with (
         open_index(settings, work_dir, durable=False) as index,
         nullcontext(signers) if signers is not None else signer_pool(settings, index.plan) as pool,
@@ -150,12 +152,22 @@ def dedup_file(
         dead_letter_path.open("wb") as dead_out,
         tqdm(total=input_path.stat().st_size, unit="B", unit_scale=True, disable=not show_progress) as bar,
     ):
-        batches = decide_batches(Deduplicator(settings, index), documents(source, dead_out), pool)
-        for (lines, size), docs, verdicts in batches:
+        batches = decide_lines(Deduplicator(settings, index), _batches(source, batch_size), input_settings, pool)
+        for lines, decoded, verdicts in batches:
+            summary.read += len(lines)
+            kept_lines, docs = [], []
+            for line, item in zip(lines, decoded, strict=True):
+                if type(item) is Document:
+                    kept_lines.append(line)
+                    docs.append(item)
+                else:
+                    # Dead letters never reach the decision core.
+                    summary.dead_lettered[item.reason] += 1
+                    dead_out.write(_dead_letter_line(line, item))
             _account(summary, docs, verdicts, max_examples)
             novel = verdicts.novel.tolist()
-            kept_out.writelines(_with_newline(line) for line, kept in zip(lines, novel, strict=True) if kept)
-            bar.update(size)
+            kept_out.writelines(_with_newline(line) for line, kept in zip(kept_lines, novel, strict=True) if kept)
+            bar.update(sum(map(len, lines)))
     return summary
 
 

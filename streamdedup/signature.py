@@ -8,9 +8,10 @@ previous batch. Both give the same :class:`Signatures` for the same texts and se
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -22,6 +23,8 @@ from .settings import DedupSettings, FingerprintSettings
 from .workers import WorkerProcess
 
 __all__ = ["BatchPairs", "Signatures", "Signer", "SignerPool"]
+
+_T = TypeVar("_T")
 
 SIGNER_NICENESS = 10
 """Signing workers run batches ahead of the decider, which is serial: when both want one core, the decider
@@ -129,11 +132,16 @@ class SignerPool:
         return [process.pid for process in self._processes]
 
     def submit(self, texts: Sequence[str]) -> Future[Signatures]:
+        return self.run(_sign, list(texts))
+
+    def run(self, function: Callable[..., _T], *args: Any) -> Future[_T]:
+        """``function(signer, *args)`` in the next worker in turn (``function`` importable, so that it pickles):
+        work that belongs with signing, such as reading the records whose texts it signs."""
         if self._stopped:
             raise RuntimeError("the signer pool is stopped")
         turn, self._turn = self._turn, (self._turn + 1) % self.workers
-        signatures: Future[Signatures] = self._processes[turn].submit(_sign, list(texts))
-        return signatures
+        result: Future[_T] = self._processes[turn].submit(function, *args)
+        return result
 
     def warm_up(self) -> list[Future[Signatures]]:
         """An empty batch for every worker: each builds its lookup tables now (~0.3 s), not in its first batch."""

@@ -30,6 +30,10 @@ TEXTS = [
 ]
 
 
+def _width_and_pid(signer: Signer, extra: int) -> tuple[int, int]:
+    return signer.fingerprinter.width + extra, os.getpid()
+
+
 @pytest.fixture(scope="module")
 def settings() -> Settings:
     return load_settings(Path(__file__).parents[1] / "config.yaml")
@@ -74,6 +78,10 @@ def test_the_pool_signs_exactly_as_the_process_itself(settings: Settings) -> Non
         # The workers yield a contested core to the decider.
         expected_niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + SIGNER_NICENESS)
         assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pool.pids if pid] == [expected_niceness] * 2
+        # Other work runs beside a worker's signer, the workers taking turns.
+        ran = [pool.run(_width_and_pid, 7).result(timeout=120) for _ in range(2)]
+        assert [width for width, _ in ran] == [settings.fingerprint.width + 7] * 2
+        assert sorted(pid for _, pid in ran) == sorted(pool.pids)
     for mine, theirs in zip(local, remote, strict=True):
         assert theirs.fingerprints.tolist() == mine.fingerprints.tolist()
         assert theirs.sketches.tolist() == mine.sketches.tolist()
