@@ -83,16 +83,15 @@ class DocumentDecoder:
         """What :meth:`decode` gives each value, in order. A batch of JSON objects whose fields are all
         top-level strings is read column by column, without a Python call per record; any other batch (one
         record outside that is enough) is read record by record."""
-        if not len(values) == len(default_ids) == len(timestamps) == (len(values) if origins is None else len(origins)):
+        origins = [None] * len(values) if origins is None else origins
+        if not len(values) == len(default_ids) == len(timestamps) == len(origins):
             raise ValueError("values, default_ids, timestamps and origins must be of one length")
         documents = self._documents(values, default_ids, timestamps, origins) if self._top_level else None
         if documents is not None:
             return documents
         return [
             self.decode(value, default_id=default_id, timestamp=timestamp, origin=origin)
-            for value, default_id, timestamp, origin in zip(
-                values, default_ids, timestamps, [None] * len(values) if origins is None else origins, strict=True
-            )
+            for value, default_id, timestamp, origin in zip(values, default_ids, timestamps, origins, strict=True)
         ]
 
     def _documents(
@@ -100,7 +99,7 @@ class DocumentDecoder:
         values: Sequence[bytes | None],
         default_ids: Sequence[str],
         timestamps: Sequence[float],
-        origins: Sequence[tuple[str, int, int] | None] | None,
+        origins: Sequence[tuple[str, int, int] | None],
     ) -> list[Document | DeadLetter] | None:
         """Every value as a Document, or None as soon as one would not be (or would need the record path)."""
         if None in values or (values and max(map(len, values)) > self._max_bytes):  # type: ignore[arg-type]
@@ -128,7 +127,7 @@ class DocumentDecoder:
             if not all(type(found) is str for found in ids) or "" in ids:
                 return None
         # tuple.__new__ is what Document._make calls, here without a Python-level call per record.
-        rows = zip(ids, texts, timestamps, [None] * len(values) if origins is None else origins, strict=True)
+        rows = zip(ids, texts, timestamps, origins, strict=True)
         return list(map(tuple.__new__, repeat(Document), rows))
 
     def decode(

@@ -213,12 +213,13 @@ def segmented_simhash(
             # the plain sort below (the majority does not care how a group's members are ordered).
             narrow = group.astype(np.uint16)
             order = np.argsort(narrow, kind="stable")
-            values = _majority32((hashes[order] >> np.uint64(32)).astype(np.uint32), narrow[order].astype(np.intp), sizes)
+            members, member_groups = (hashes[order] >> np.uint64(32)).astype(np.uint32), narrow[order]
         else:
             # (group, value) packed in one word: a plain sort (vectorised in numpy) groups them, no argsort.
             packed = np.sort((group << np.uint64(32)) | (hashes >> np.uint64(32)))
             # The cast to uint32 keeps each word's low half: the value.
-            values = _majority32(packed.astype(np.uint32), (packed >> np.uint64(32)).astype(np.intp), sizes)
+            members, member_groups = packed.astype(np.uint32), packed >> np.uint64(32)
+        values = _majority32(members, member_groups.astype(np.intp), sizes)
     elif len(group):
         order = np.argsort(group)
         group, hashes, weights = group[order].astype(np.intp), hashes[order], weights[order]

@@ -27,6 +27,7 @@ from .signature import Signatures, Signer, SignerPool
 
 __all__ = ["DedupSummary", "decide_lines", "dedup_file", "index_plan", "open_index", "signer_pool"]
 
+
 @dataclass
 class DedupSummary:
     read: int = 0
@@ -76,9 +77,9 @@ def signer_pool(settings: Settings, plan: IndexPlan | None = None) -> SignerPool
 
 def decide_lines(
     dedup: Deduplicator, batches: Iterable[list[bytes]], input_settings: InputSettings, pool: SignerPool | None
-) -> Iterator[tuple[list[bytes], list[Document | DeadLetter], Verdicts]]:
-    """Each batch of JSONL lines, in order, with what each line decoded to and the verdicts of its documents
-    (ids default to ``line-N``, counted from 1 over all batches). With a pool, the batches after this one are
+) -> Iterator[tuple[list[bytes], list[Document | DeadLetter], list[Document], Verdicts]]:
+    """Each batch of JSONL lines, in order, with what each line decoded to, its documents (the lines that are
+    not dead letters) and their verdicts (ids default to ``line-N``, counted from 1 over all batches). With a pool, the batches after this one are
     decoded and signed in the workers while this one is decided, two ahead per worker: with one, a worker that
     shared the cores with deciding could still be signing the next batch when it was wanted. Documents come
     back from the workers without their texts, which deciding does not read."""
@@ -116,10 +117,10 @@ def _decoded_and_signed(signer: Signer, lines: list[bytes], input_settings: Inpu
 
 def _decided(
     dedup: Deduplicator, lines: list[bytes], read: Future[_Read] | _Read
-) -> tuple[list[bytes], list[Document | DeadLetter], Verdicts]:
+) -> tuple[list[bytes], list[Document | DeadLetter], list[Document], Verdicts]:
     decoded, signatures = read.result() if isinstance(read, Future) else read
     docs = [item for item in decoded if type(item) is Document]
-    return lines, decoded, dedup.decide(docs, signatures=signatures)
+    return lines, decoded, docs, dedup.decide(docs, signatures=signatures)
 
 
 def dedup_file(
@@ -153,13 +154,12 @@ def dedup_file(
         tqdm(total=input_path.stat().st_size, unit="B", unit_scale=True, disable=not show_progress) as bar,
     ):
         batches = decide_lines(Deduplicator(settings, index), _batches(source, batch_size), input_settings, pool)
-        for lines, decoded, verdicts in batches:
+        for lines, decoded, docs, verdicts in batches:
             summary.read += len(lines)
-            kept_lines, docs = [], []
+            kept_lines = []
             for line, item in zip(lines, decoded, strict=True):
                 if type(item) is Document:
                     kept_lines.append(line)
-                    docs.append(item)
                 else:
                     # Dead letters never reach the decision core.
                     summary.dead_lettered[item.reason] += 1
