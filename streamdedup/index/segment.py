@@ -56,6 +56,7 @@ from ..settings import IndexSettings
 from .key_filter import KeyFilter
 from .keys import TableKeys, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
+from .staged import StagedRows
 from .table import BIG_ENDIAN_U64 as _U64
 from .table import DuplicateRows, PackedBuckets, TableLayout, int_bytes, rows_in, table_class
 
@@ -142,7 +143,7 @@ class _TransactionState(threading.local):
     def __init__(self) -> None:
         self.writing = False
         self.changed = False
-        self.staged: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self.staged: list[StagedRows] | None = None
         # (filter, keyed-writes count before) for each batch whose keys went into that filter in this transaction.
         self.filtered: list[tuple[KeyFilter, int]] = []
 
@@ -157,20 +158,6 @@ def _expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.nd
     counts = high - low
     owner = np.repeat(np.arange(len(low)), counts)
     return low[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts), owner
-
-
-def _merged_sorted(
-    old_keys: np.ndarray, old_values: np.ndarray, keys: np.ndarray, values: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Rows (``keys`` ascending) merged into sorted rows, after the equal keys already there. Not ``np.insert``:
-    that sorts the positions again and builds its mask once per array."""
-    slots = np.searchsorted(old_keys, keys, side="right") + np.arange(len(keys))
-    old_slots = np.ones(len(old_keys) + len(keys), dtype=bool)
-    old_slots[slots] = False
-    merged_keys, merged_values = np.empty(len(old_slots), old_keys.dtype), np.empty(len(old_slots), old_values.dtype)
-    merged_keys[slots], merged_values[slots] = keys, values
-    merged_keys[old_slots], merged_values[old_slots] = old_keys, old_values
-    return merged_keys, merged_values
 
 
 def _orderable_time(times: np.ndarray) -> np.ndarray:
@@ -235,9 +222,9 @@ class SegmentIndex:
         self.max_entries = max_entries
         self.readonly = readonly
         self._max_map_size = max_map_size
-        # Staged rows per table as of a generation (keys ascending, values); the write transaction in
-        # progress works on a copy, published here once it commits. Per thread, like LMDB's transactions.
-        self._staged_cache: tuple[int, list[tuple[np.ndarray, np.ndarray]]] | None = None
+        # Staged rows per table as of a generation; the write transaction in progress works on a copy,
+        # published here once it commits. Per thread, like LMDB's transactions.
+        self._staged_cache: tuple[int, list[StagedRows]] | None = None
         self._txn = _TransactionState()
         self._key_filter: KeyFilter | None = None
         self._key_filter_pointless = False  # the index outgrew what a filter can serve: none is kept
@@ -473,8 +460,8 @@ class SegmentIndex:
         txn.put(_META_STAGED_GENERATION, generation.to_bytes(8, "big"), db=self._meta)
         return generation
 
-    def _staged(self, txn: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per table, the staged rows as ``txn`` sees them: keys ascending, and their values."""
+    def _staged(self, txn: Any) -> list[StagedRows]:
+        """Per table, the staged rows as ``txn`` sees them."""
         state = self._txn
         if state.staged is not None:
             return state.staged
@@ -487,7 +474,7 @@ class SegmentIndex:
         state.staged = list(cached[1])
         return state.staged
 
-    def _load_staged(self, txn: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _load_staged(self, txn: Any) -> list[StagedRows]:
         blobs: list[list[bytes]] = [[] for _ in self._tables]
         if self._staged_db is not None:
             with txn.cursor(self._staged_db) as cursor:
@@ -497,7 +484,7 @@ class SegmentIndex:
         for table, parts in enumerate(blobs):
             keys, values = self._tables[table].split_rows(b"".join(parts))
             order = np.argsort(keys, kind="stable")
-            staged.append((keys[order], values[order]))
+            staged.append(StagedRows(keys[order], values[order], self._tables[table].key_bits))
         return staged
 
     def _stage(self, txn: Any, table: int, first_seq: int, keys: np.ndarray, values: np.ndarray) -> None:
@@ -506,19 +493,19 @@ class SegmentIndex:
             return
         staged = self._staged(txn)  # before the put: a reload from the database must not see this batch
         txn.put(_staged_key(table, first_seq), self._tables[table].join_rows(keys, values), db=self._staged_db)
-        staged[table] = _merged_sorted(*staged[table], keys, values)
+        staged[table] = staged[table].merged(keys, values)
         self._txn.changed = True
 
     def _merge_staged(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Put a table's staged rows and a batch's rows of it into the table, in key order."""
         staged = self._staged(txn)
-        old_keys, old_values = staged[table]
+        old_keys, old_values = staged[table].keys, staged[table].values
         keys, values = np.concatenate([old_keys, keys]), np.concatenate([old_values, values])
         order = np.argsort(keys, kind="stable")
         self._tables[table].insert(txn, keys[order], values[order])
         if len(old_keys):
             self._unstage(txn, table)
-            staged[table] = (old_keys[:0], old_values[:0])
+            staged[table] = staged[table].emptied()
             self._txn.changed = True
 
     def _unstage(self, txn: Any, table: int) -> None:
@@ -532,16 +519,16 @@ class SegmentIndex:
     def _drop_staged(self, txn: Any, table: int, doomed_keys: np.ndarray, doomed_values: np.ndarray) -> None:
         """Remove the staged rows of a table equal to any of the doomed (key, value) rows."""
         staged = self._staged(txn)
-        keys, values = staged[table]
-        kept = ~rows_in(keys, values, doomed_keys, doomed_values)
+        kept = ~rows_in(staged[table].keys, staged[table].values, doomed_keys, doomed_values)
         if kept.all():
             return
-        staged[table] = (keys[kept], values[kept])
+        staged[table] = staged[table].kept(kept)
         self._txn.changed = True
         # The table's blobs are rewritten as one: removals are rare next to batches staged.
         self._unstage(txn, table)
         if kept.any():
-            txn.put(_staged_key(table, 0), self._tables[table].join_rows(*staged[table]), db=self._staged_db)
+            rows = staged[table]
+            txn.put(_staged_key(table, 0), self._tables[table].join_rows(rows.keys, rows.values), db=self._staged_db)
 
     # ----------------------------------------------------------------- encoding
 
@@ -623,15 +610,11 @@ class SegmentIndex:
             if len(owners):
                 found_probes.append(low + owners)
                 found_values.append(stored)
-            staged_keys, staged_values = staged[table]
-            if len(staged_keys):
-                staged_rows, staged_probe = _expand_ranges(
-                    np.searchsorted(staged_keys, table_probed, side="left"),
-                    np.searchsorted(staged_keys, table_probed, side="right"),
-                )
+            if len(staged[table]):
+                staged_rows, staged_probe = _expand_ranges(*staged[table].bounds(table_probed))
                 if len(staged_probe):
                     found_probes.append(low + staged_probe)
-                    found_values.append(staged_values[staged_rows])
+                    found_values.append(staged[table].values[staged_rows])
         # Nothing found (probes can pass the key filter on a removed row's bit, or miss the staged rows).
         if not found_probes:
             return empty, None
@@ -1009,7 +992,7 @@ class SegmentIndex:
             if batch_keys.unkeyed_zero:
                 wanted = keys != 0
                 keys, values = keys[wanted], values[wanted]
-            if table == merged and self._tables[table].merge_due(txn, len(self._staged(txn)[table][0]) + len(keys)):
+            if table == merged and self._tables[table].merge_due(txn, len(self._staged(txn)[table]) + len(keys)):
                 self._merge_staged(txn, table, keys, values)
             else:
                 self._stage(txn, table, first_seq, keys, values)
@@ -1260,7 +1243,7 @@ class SegmentIndex:
             sources = self._sources_in(txn)
             with txn.cursor(self._times) as cursor:
                 first_key = cursor.key() if cursor.first() else None
-            staged_rows = sum(len(keys) for keys, _ in self._staged(txn))
+            staged_rows = sum(map(len, self._staged(txn)))
         table_bytes = sum(v for k, v in disk.items() if k.startswith(names.INDEX_DB_TABLE_PREFIX))
         return {
             "path": str(self.path),

@@ -180,8 +180,12 @@ class PackedBuckets(_Table):
             return self._empty()
         buckets = list(map(_second, found))
         sizes = np.fromiter(map(len, buckets), dtype=np.int64, count=len(buckets)) // self.value_bytes
+        values = _unpack(b"".join(buckets), self.value_bytes)
+        if len(found) == len(keys):
+            # Every key has a bucket (a full table of short keys): bucket i is key i's.
+            return np.repeat(np.arange(len(keys)), sizes), values
         found_keys = _unpack(b"".join(map(_first, found)), self.key_bytes)
-        return np.repeat(np.searchsorted(keys, found_keys), sizes), _unpack(b"".join(buckets), self.value_bytes)
+        return np.repeat(np.searchsorted(keys, found_keys), sizes), values
 
     def insert(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
         """Store rows (keys ascending). Rows for at least half the table's buckets rewrite the whole table in key

@@ -1,0 +1,62 @@
+"""A table's staged rows as lookups see them: a sorted copy in memory of the rows a table has not merged yet.
+
+Immutable: a change makes new staged rows, so whatever a lookup builds on one stays valid for as long as it
+is in use, and a reader's copy is shared by every batch until another process changes the rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["StagedRows"]
+
+# Keys this short get a bucket-start array (2**bits + 1 words) in place of two binary searches per probe.
+_DENSE_KEY_BITS = 20
+
+
+class StagedRows:
+    """One table's staged rows: ``keys`` ascending, ``values`` beside them, keys of ``key_bits`` bits."""
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray, key_bits: int) -> None:
+        self.keys = keys
+        self.values = values
+        self.key_bits = key_bits
+        self._bucket_starts: np.ndarray | None = None
+        self._lookups = 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def emptied(self) -> StagedRows:
+        return StagedRows(self.keys[:0], self.values[:0], self.key_bits)
+
+    def kept(self, mask: np.ndarray) -> StagedRows:
+        return StagedRows(self.keys[mask], self.values[mask], self.key_bits)
+
+    def merged(self, keys: np.ndarray, values: np.ndarray) -> StagedRows:
+        """These rows (``keys`` ascending) merged in, after the equal keys already here. Not ``np.insert``:
+        that sorts the positions again and builds its mask once per array."""
+        slots = np.searchsorted(self.keys, keys, side="right") + np.arange(len(keys))
+        old_slots = np.ones(len(self.keys) + len(keys), dtype=bool)
+        old_slots[slots] = False
+        merged_keys = np.empty(len(old_slots), self.keys.dtype)
+        merged_values = np.empty(len(old_slots), self.values.dtype)
+        merged_keys[slots], merged_values[slots] = keys, values
+        merged_keys[old_slots], merged_values[old_slots] = self.keys, self.values
+        return StagedRows(merged_keys, merged_values, self.key_bits)
+
+    def bounds(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each probe key, the range [low, high) of the rows holding it."""
+        starts = self._bucket_starts
+        if starts is None and self._lookups and self.key_bits <= _DENSE_KEY_BITS:
+            # A second lookup on the same rows (a reader's batches between two writes): one pass over the rows
+            # pays for bucket starts that every further lookup reads with two gathers. A writer's rows change
+            # with each batch and keep the binary searches.
+            starts = np.zeros((1 << self.key_bits) + 1, dtype=np.intp)
+            np.cumsum(np.bincount(self.keys.astype(np.intp), minlength=1 << self.key_bits), out=starts[1:])
+            self._bucket_starts = starts
+        self._lookups += 1
+        if starts is not None:
+            at = probes.astype(np.intp)
+            return starts[at], starts[at + 1]
+        return np.searchsorted(self.keys, probes, side="left"), np.searchsorted(self.keys, probes, side="right")

@@ -1,0 +1,68 @@
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamdedup.index.staged import StagedRows
+
+
+def _rows(keys: list[int], key_bits: int) -> StagedRows:
+    ordered = np.sort(np.array(keys, dtype=np.uint64))
+    return StagedRows(ordered, ordered * np.uint64(3) + np.uint64(1), key_bits)
+
+
+def _brute_bounds(rows: StagedRows, probes: np.ndarray) -> tuple[list[int], list[int]]:
+    keys = rows.keys.tolist()
+    low = [next((i for i, key in enumerate(keys) if key >= probe), len(keys)) for probe in probes.tolist()]
+    high = [next((i for i, key in enumerate(keys) if key > probe), len(keys)) for probe in probes.tolist()]
+    return low, high
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    key_bits=st.sampled_from([4, 12, 20, 24]),
+    data=st.data(),
+)
+def test_bounds_are_the_rows_of_each_probe_on_every_lookup(key_bits: int, data: st.DataObject) -> None:
+    key = st.integers(0, (1 << key_bits) - 1)
+    rows = _rows(data.draw(st.lists(key, max_size=60)), key_bits)
+    # The first lookup searches; later ones (short keys) read bucket starts built on the second: all agree.
+    for _ in range(3):
+        probes = np.unique(np.array(data.draw(st.lists(key, min_size=1, max_size=30)), dtype=np.uint64))
+        low, high = rows.bounds(probes)
+        assert (low.tolist(), high.tolist()) == _brute_bounds(rows, probes)
+
+
+def test_short_keys_switch_to_bucket_starts_on_the_second_lookup() -> None:
+    rows = _rows([1, 1, 5, 9, 9, 9], key_bits=4)
+    probes = np.array([0, 1, 9, 15], dtype=np.uint64)
+    first = rows.bounds(probes)
+    assert rows._bucket_starts is None
+    second = rows.bounds(probes)
+    assert rows._bucket_starts is not None and rows._bucket_starts.tolist() == [
+        0, 0, 2, 2, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 6, 6, 6
+    ]
+    for bounds in (first, second):
+        assert [bound.tolist() for bound in bounds] == [[0, 0, 3, 6], [0, 2, 6, 6]]
+
+
+def test_long_keys_keep_searching() -> None:
+    rows = _rows([7, 1 << 30], key_bits=32)
+    for _ in range(3):
+        low, high = rows.bounds(np.array([7, 8, 1 << 30], dtype=np.uint64))
+        assert (low.tolist(), high.tolist()) == ([0, 1, 1], [1, 1, 2])
+    assert rows._bucket_starts is None
+
+
+def test_merged_kept_and_emptied_make_new_rows_and_leave_the_old_ones_alone() -> None:
+    rows = _rows([2, 4, 4], key_bits=8)
+    rows.bounds(np.array([4], dtype=np.uint64))
+    rows.bounds(np.array([4], dtype=np.uint64))
+    merged = rows.merged(np.array([1, 4, 9], dtype=np.uint64), np.array([100, 101, 102], dtype=np.uint64))
+    # Equal keys: the new row after the ones already staged.
+    assert merged.keys.tolist() == [1, 2, 4, 4, 4, 9]
+    assert merged.values.tolist() == [100, 7, 13, 13, 101, 102]
+    assert rows.keys.tolist() == [2, 4, 4] and len(rows) == 3
+    assert [bound.tolist() for bound in merged.bounds(np.array([4], dtype=np.uint64))] == [[2], [5]]
+    kept = merged.kept(merged.keys != 4)
+    assert kept.keys.tolist() == [1, 2, 9] and kept.values.tolist() == [100, 7, 102] and kept.key_bits == 8
+    assert len(merged.emptied()) == 0 and merged.emptied().values.dtype == np.uint64
