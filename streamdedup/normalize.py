@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
 
@@ -90,6 +90,8 @@ _RETWEET = re.compile(r"\x00[^\S\x00]*(?:[rR][tT][^\S\x00]*@\w+[^\S\x00]*:?[^\S\
 _AT, _HASH, _COLON, _SLASH, _DOT, _UNDERSCORE, _BLANK, _W = (ord(c) for c in "@#:/._ w")
 _ELLIPSIS = 0x2026
 _LONGEST_SCHEME = 16
+# Code points a scan for the end of a user name, hashtag or link looks ahead at once: most end within it.
+_SCAN_WINDOW = np.arange(32)
 
 
 @cache
@@ -473,9 +475,8 @@ class Normalizer:
         www = www[~_wordish(code_points, classes, www - 1)]
         found = np.concatenate([first, www])
         if len(found):
-            blanks = np.flatnonzero(classes <= SPACE)
             starts.append(found)
-            ends.append(blanks[np.searchsorted(blanks, found)])
+            ends.append(_first_where(lambda at: classes[at] <= SPACE, found, size))
 
     @staticmethod
     def _remove_trailing_ellipses(code_points: np.ndarray, classes: np.ndarray) -> bool:
@@ -517,10 +518,22 @@ def _wordish(code_points: np.ndarray, classes: np.ndarray, positions: np.ndarray
 
 
 def _run_end(code_points: np.ndarray, classes: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """For each position, the end of the run of word-like code points starting there."""
-    ends = positions.copy()
-    pending = np.arange(len(ends))
+    """For each position (of a word-like code point), the end of the run of word-like code points there."""
+    return _first_where(lambda at: ~_wordish(code_points, classes, at), positions, len(classes))
+
+
+def _first_where(holds: Callable[[np.ndarray], np.ndarray], positions: np.ndarray, size: int) -> np.ndarray:
+    """For each position, the first index at or after it where ``holds`` (given an array of indices, true or
+    false for each); the last index, a NUL, must hold. Looks a window ahead for all at once, and further only
+    for those not found in it: the spans it ends are short, where a mask over the whole batch costs more."""
+    ends = np.empty_like(positions)
+    pending = np.arange(len(positions))
+    starts = positions.copy()
     while len(pending):
-        ends[pending] += 1
-        pending = pending[_wordish(code_points, classes, ends[pending])]
+        window = np.minimum(starts[pending, None] + _SCAN_WINDOW, size - 1)
+        hits = holds(window)
+        found = hits.any(axis=1)
+        ends[pending[found]] = window[found, hits[found].argmax(axis=1)]
+        pending = pending[~found]
+        starts[pending] += len(_SCAN_WINDOW)
     return ends
