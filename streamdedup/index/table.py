@@ -18,7 +18,6 @@ bucket's values): lookups count a pair once however often it is found, and :meth
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -31,7 +30,6 @@ __all__ = [
 TableLayout = Literal["rows", "buckets"]
 BIG_ENDIAN_U64 = np.dtype(">u8")
 _MOST_ROWS_AWAITING_MERGE = 1 << 18
-_first, _second = itemgetter(0), itemgetter(1)
 
 
 def int_rows(ints: np.ndarray, width: int) -> np.ndarray:
@@ -175,17 +173,12 @@ class PackedBuckets(_Table):
         """The stored rows of these keys (ascending, distinct), bucket after bucket: the index in ``keys`` of
         each row's key, and its value."""
         with txn.cursor(self.db) as cursor:
-            found = cursor.getmulti(int_bytes(keys, self.key_bytes))
-        if not found:
-            return self._empty()
-        buckets = list(map(_second, found))
+            get = cursor.get
+            # One value per key (empty where none is stored), so bucket i is key i's: no keys to build and
+            # match back, as getmulti's (key, value) pairs would need.
+            buckets = [get(key, b"") for key in int_bytes(keys, self.key_bytes)]
         sizes = np.fromiter(map(len, buckets), dtype=np.int64, count=len(buckets)) // self.value_bytes
-        values = _unpack(b"".join(buckets), self.value_bytes)
-        if len(found) == len(keys):
-            # Every key has a bucket (a full table of short keys): bucket i is key i's.
-            return np.repeat(np.arange(len(keys)), sizes), values
-        found_keys = _unpack(b"".join(map(_first, found)), self.key_bytes)
-        return np.repeat(np.searchsorted(keys, found_keys), sizes), values
+        return np.repeat(np.arange(len(keys)), sizes), _unpack(b"".join(buckets), self.value_bytes)
 
     def insert(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
         """Store rows (keys ascending). Rows for at least half the table's buckets rewrite the whole table in key

@@ -66,7 +66,7 @@ def test_a_table_reads_what_was_inserted_and_not_what_was_deleted(
         assert set(found) == set(stored)
         if layout is PackedBuckets:
             assert found == stored
-        # Only stored keys: every probe has a bucket (buckets skip matching keys to probes then).
+        # Only stored keys: every probe has rows.
         present = np.unique(np.array([key for key, _ in stored], dtype=np.uint64))
         with env.begin() as txn:
             owners, found_values = table.read(txn, present)
