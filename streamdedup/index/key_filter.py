@@ -7,6 +7,12 @@ that key is added and never cleared, so a clear bit proves the key absent, and a
 row) or shared (another key hashed to it): then LMDB is asked as before. The filter can skip a miss, never hide
 a match.
 
+Outgrown by its index, it doubles in place of a rebuild from every stored entry: a key's slot is the top bits of
+a hash, so the bit of slot s becomes the bits of both slots it splits into (2s and 2s + 1). Keys added before
+a doubling then hold two bits each; after k doublings about k/2 bits a key are set instead of one (under 8 %
+of absent keys pass after the five doublings from the smallest bitmaps to the largest, against 6 % when
+rebuilt), and no stored entry is read again.
+
 It is valid for one state of the index, named by the index's count of batches that added keys (``covers``):
 the index checks that count before trusting the filter, and rebuilds the filter from the stored entries when
 another writer (another process) moved it. A closing writer saves it beside the index with a random token that
@@ -36,11 +42,26 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the product's top 
 _ADD_BLOCK = 8192
 
 
+def _spread(nibble_shift: int) -> np.ndarray:
+    """Per byte: its four bits from ``nibble_shift`` on, each doubled (bit i to bits 2i and 2i + 1)."""
+    values = np.arange(256, dtype=np.uint16) >> nibble_shift
+    spread = np.zeros(256, dtype=np.uint16)
+    for bit in range(4):
+        spread |= ((values >> bit) & 1) * (3 << (2 * bit))
+    return spread.astype(np.uint8)
+
+
+# A byte's slots 8i..8i+7 split into slots 16i..16i+15: the low four bits fill the first new byte, the high four
+# the second.
+_SPREAD_LOW, _SPREAD_HIGH = _spread(0), _spread(4)
+
+
 class KeyFilter:
     """One bitmap per table over hashed keys (the keys themselves when the bitmap has room for all)."""
 
     def __init__(self, key_bits: Sequence[int], capacity: int, covers: int) -> None:
         tables = len(key_bits)
+        self._key_bits = tuple(key_bits)
         wanted = max(capacity, MIN_CAPACITY) * BITS_PER_KEY
         self._largest = max(3, min(max(key_bits), (MAX_BYTES * 8 // tables).bit_length() - 1))
         self.slot_bits = min(self._largest, max(3, (wanted - 1).bit_length()))
@@ -63,6 +84,17 @@ class KeyFilter:
     def outgrown(self, entries: int) -> bool:
         """True when ``entries`` overfill the bitmaps and larger ones are allowed."""
         return entries > self.capacity and self.slot_bits < self._largest
+
+    def doubled(self) -> KeyFilter | None:
+        """The same filter with bitmaps twice as large (twice the capacity), every key added so far still
+        present; None when larger bitmaps are not allowed or would hold the keys themselves (no hash bits to
+        split): then only a rebuild from the stored entries serves."""
+        larger = KeyFilter(self._key_bits, 2 * self.capacity, self.covers)
+        if self._identity or larger._identity or larger.slot_bits != self.slot_bits + 1:
+            return None
+        larger._bitmaps[:, 0::2] = _SPREAD_LOW[self._bitmaps]
+        larger._bitmaps[:, 1::2] = _SPREAD_HIGH[self._bitmaps]
+        return larger
 
     def _slots(self, keys: np.ndarray) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.uint64)

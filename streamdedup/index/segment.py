@@ -676,8 +676,9 @@ class SegmentIndex:
         return SearchResult(rows_q[order], seqs[order], distances[order]), records
 
     def _trusted_key_filter(self, txn: Any) -> KeyFilter | None:
-        """The key filter, if it holds every key ``txn`` sees; rebuilt when it does not (or has outgrown its
-        capacity) and ``txn`` is a read transaction. A writer's own lookups repeat, so only writers keep one."""
+        """The key filter, if it holds every key ``txn`` sees; rebuilt when it does not and ``txn`` is a read
+        transaction (doubled when it holds them all but has outgrown its capacity). A writer's own lookups
+        repeat, so only writers keep one."""
         if self.readonly or self._key_filter_pointless:
             return None
         keyed, entries = self._counter(txn, _META_KEYED_WRITES), self._counter(txn, _META_COUNT)
@@ -688,6 +689,12 @@ class SegmentIndex:
             return None
         if current is not None and current.covers == keyed:
             if self._txn.writing or not current.outgrown(entries):
+                return current
+            # Outgrown: doubled, it serves on without reading every stored entry again.
+            while current is not None and current.outgrown(entries):
+                current = current.doubled()
+            if current is not None:
+                self._key_filter = current
                 return current
         if self._txn.writing:
             # A write transaction's view may hold changes it then aborts: a filter built from it could miss

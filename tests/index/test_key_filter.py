@@ -140,7 +140,7 @@ def test_what_another_writer_adds_is_found_by_a_writer_holding_a_filter(tmp_path
         assert index.query(mine) == [[(f"mine-{i}", 0)] for i in range(60)]
 
 
-def test_a_filter_outgrown_by_its_index_is_rebuilt_larger(tmp_path: Path) -> None:
+def test_a_filter_outgrown_by_its_index_grows_with_it(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     plan = make_segment_plan(256, 8)
     stored = _random(3 * MIN_CAPACITY, 4, rng)
@@ -219,3 +219,51 @@ fps = np.frombuffer(bytes.fromhex(sys.argv[2]), dtype=np.uint64).reshape(-1, 2)
 with SegmentIndex(sys.argv[1], 128, 3, plan=make_segment_plan(128, 4, 3)) as index:
     index.add([f"theirs-{i}" for i in range(len(fps))], fps)
 """
+
+
+def test_a_doubled_filter_keeps_every_key_and_lets_few_absent_keys_through() -> None:
+    rng = np.random.default_rng(9)
+    key_filter = KeyFilter([32, 32], capacity=MIN_CAPACITY, covers=3)
+    added = rng.integers(0, 2**32, size=(2, MIN_CAPACITY), dtype=np.uint64)
+    key_filter.add(added)
+    doubled = key_filter.doubled()
+    assert doubled is not None and doubled.covers == 3
+    assert doubled.slot_bits == key_filter.slot_bits + 1 and doubled.capacity == 2 * key_filter.capacity
+    # Each old bit became the two bits of the slots it splits into: no more, no fewer.
+    old_bits = np.unpackbits(key_filter._bitmaps, axis=1, bitorder="little")
+    new_bits = np.unpackbits(doubled._bitmaps, axis=1, bitorder="little")
+    assert np.array_equal(new_bits, np.repeat(old_bits, 2, axis=1))
+    more = rng.integers(0, 2**32, size=(2, MIN_CAPACITY), dtype=np.uint64)
+    doubled.add(more)
+    for table in range(2):
+        assert doubled.may_contain(table, added[table]).all() and doubled.may_contain(table, more[table]).all()
+    absent = rng.integers(0, 2**32, size=200_000, dtype=np.uint64)
+    absent = absent[~np.isin(absent, np.concatenate([added[0], more[0]]))]
+    # At capacity after one doubling: the old keys hold two bits each, 3/32 of the bits are set (about 9 % pass).
+    assert abs(doubled.may_contain(0, absent).mean() - (1 - np.exp(-3 / (2 * BITS_PER_KEY)))) < 0.01
+
+
+def test_only_hashed_bitmaps_below_the_memory_cap_double() -> None:
+    assert KeyFilter([16, 16], 10, 0).doubled() is None  # the keys themselves: nothing to split
+    assert KeyFilter([32] * 32, 100_000_000, 0).doubled() is None  # at MAX_BYTES already
+    # The next size would hold 21-bit keys themselves, which hashed slots cannot split into.
+    hashed = KeyFilter([21], MIN_CAPACITY, 0)
+    assert not hashed._identity and hashed.doubled() is None
+
+
+def test_an_outgrown_filter_doubles_instead_of_reading_every_entry(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    plan = make_segment_plan(256, 8)
+    stored = _random(MIN_CAPACITY + 20_000, 4, rng)
+    ids = [f"d{i}" for i in range(len(stored))]
+    with SegmentIndex(tmp_path, 256, 256, plan=plan, expected_entries=1000, sync=False) as index:
+        index.add(ids[:10], stored[:10])
+        index.query(stored[:1])
+        first = index._key_filter
+        assert first is not None
+        _refuse_rebuild(index)
+        for start in range(10, len(stored), 20_000):
+            index.add(ids[start : start + 20_000], stored[start : start + 20_000])
+        probes = rng.integers(0, len(stored), 50)
+        assert [hits[0] for hits in index.query(stored[probes])] == [(ids[i], 0) for i in probes]
+        assert index._key_filter is not None and index._key_filter.capacity == 2 * first.capacity
