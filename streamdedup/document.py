@@ -124,7 +124,7 @@ class DocumentDecoder:
         if self._id_path is not None:
             (name,) = self._id_path
             ids = [record.get(name) for record in records]
-            if not all(type(found) is str for found in ids) or "" in ids:
+            if not all(type(found) is str for found in ids) or "" in ids or not _unicode("".join(ids)):
                 return None
         # tuple.__new__ is what Document._make calls, here without a Python-level call per record.
         rows = zip(ids, texts, timestamps, origins, strict=True)
@@ -197,6 +197,13 @@ class DocumentDecoder:
             found = _scalar_text(value)
             if not found:
                 return DeadLetter(DEAD_LETTER_MISSING_FIELD, f"no id at field {self.settings.id_field!r}", default_id)
+            if not _unicode(found):
+                # JSON's \ud800-style escapes can spell a lone surrogate, which no UTF-8 (nor the index) can hold.
+                return DeadLetter(
+                    DEAD_LETTER_NOT_UTF8,
+                    f"the id at field {self.settings.id_field!r} holds a lone surrogate: {ascii(found)[:200]}",
+                    default_id,
+                )
             doc_id = found
         if self._time_path is not None:
             time = _event_time(_lookup(record, self._time_path))
@@ -228,6 +235,17 @@ def _fast_json(value: bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return record if isinstance(record, dict) else None
+
+
+def _unicode(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (no lone surrogates); ASCII, the common case, without encoding it."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _split_path(path: str) -> list[str]:

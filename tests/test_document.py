@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamdedup.document import DeadLetter, Document, DocumentDecoder
-from streamdedup.names import DEAD_LETTER_REASONS
+from streamdedup.names import DEAD_LETTER_NOT_UTF8, DEAD_LETTER_REASONS
 from streamdedup.settings import InputSettings
 
 
@@ -148,6 +148,24 @@ def test_a_record_whose_id_is_empty_or_not_a_plain_string_is_read_on_its_own(bad
     many, each = decode_both(values, InputSettings(id_field="id"))
     assert many == each
     assert many[0] == Document("a", "x", 1700000000.0, ("t", 0, 0))
+
+
+@pytest.mark.parametrize("bad_id", [b'"\\ud800"', b'"ok\\udfff"', b'"\\ude00\\ud83d"'])
+def test_a_record_whose_id_holds_a_lone_surrogate_is_dead_lettered_alone(bad_id: bytes) -> None:
+    # JSON escapes can spell lone surrogates; no UTF-8 (nor the index's id map) holds one.
+    values = [
+        b'{"id": "a", "text": "x"}',
+        b'{"id": ' + bad_id + b', "text": "y"}',
+        b'{"id": "caf\\u00e9 \\ud83d\\ude00", "text": "z"}',
+    ]
+    many, each = decode_both(values, InputSettings(id_field="id"))
+    assert many == each
+    assert many[0] == Document("a", "x", 1700000000.0, ("t", 0, 0))
+    letter = many[1]
+    assert isinstance(letter, DeadLetter) and (letter.reason, letter.id) == (DEAD_LETTER_NOT_UTF8, "t-0-1")
+    assert "lone surrogate" in letter.detail and letter.detail.isascii()
+    # A pair of surrogate escapes is one code point: a valid id.
+    assert many[2] == Document("caf\u00e9 \U0001f600", "z", 1700000002.0, ("t", 0, 2))
 
 
 def test_decode_many_wants_one_value_per_default_id_and_timestamp() -> None:

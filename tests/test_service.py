@@ -295,6 +295,33 @@ async def test_every_dead_letter_reason_keeps_original_bytes_and_never_blocks_th
     assert dict(service.stats.dead_lettered) == dict.fromkeys(bad, 1)
 
 
+async def test_an_id_with_a_lone_surrogate_is_dead_lettered_and_the_stream_goes_on(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    # JSON may spell a lone surrogate (\ud800); no UTF-8 holds it, so the index cannot store the id. Before the
+    # decoder refused it, it failed its whole batch in the decision core, and the replay failed again.
+    stream = [
+        OutRecord(b'{"id": "a", "text": "the first record of this little stream"}'),
+        OutRecord(b'{"id": "half \\ud83d", "text": "a record with a broken id"}', key=b"poison"),
+        OutRecord(b'{"id": "c", "text": "the third record, after the broken one"}'),
+    ]
+    settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index"), input={"id_field": "id"})
+    await kafka_produce(topics.input, stream)
+
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, len(stream)), 60, "the stream to be processed")
+        assert service.running
+
+    dead = await kafka_consume(topics.dead_letters, count=1)
+    assert [(header(r, HEADER_DEAD_LETTER_REASON), r.key, r.value) for r in dead] == [
+        (b"not_utf8", b"poison", stream[1].value)
+    ]
+    assert b"lone surrogate" in header(dead[0], HEADER_DEAD_LETTER_DETAIL)
+    output = await kafka_consume(topics.output, count=2)
+    assert [r.value for r in output] == [stream[0].value, stream[2].value]
+    assert (service.stats.published, dict(service.stats.dead_lettered)) == (2, {"not_utf8": 1})
+
+
 # ---------------------------------------------------------------------------------------------- processes
 
 

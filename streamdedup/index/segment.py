@@ -866,6 +866,10 @@ class SegmentIndex:
         except TypeError:
             bad = [i for i, x in enumerate(ids) if not isinstance(x, str)]
             raise ValueError(f"ids must be strings; rows {bad[:10]} are not") from None
+        except UnicodeEncodeError:
+            # Encoding with replacement changes exactly the ids that hold lone surrogates.
+            bad = [i for i, x in enumerate(ids) if x.encode(errors="replace").decode() != x]
+            raise ValueError(f"ids must be valid Unicode; rows {bad[:10]} hold lone surrogates") from None
         if n and min(map(len, id_bytes)) == 0:
             raise ValueError(f"ids must be non-empty; rows {[i for i, b in enumerate(id_bytes) if not b][:10]} are empty")
         if times is None:

@@ -360,6 +360,8 @@ def test_bad_input_is_rejected_for_that_batch_only(tmp_path: Path) -> None:
         ]:
             with pytest.raises(ValueError):
                 index.add(ids, fps, **extra)
+        with pytest.raises(ValueError, match=r"rows \[1\] hold lone surrogates"):
+            index.add(["fine", "half \ud83d"], np.array([[1], [2]], dtype=np.uint64))
         assert len(index) == 1
         long_id = "é" * 400
         far = np.array([[2**64 - 1]], dtype=np.uint64)
