@@ -55,9 +55,10 @@ class _DecisionCore:
     def rollback(self, offsets: Mapping[tuple[str, int], int]) -> int:
         return self.index.rollback(offsets)
 
-    def maintain(self, newest_time: float | None) -> tuple[int, dict[str, int]]:
-        """Expire entries past max_age before ``newest_time`` (None: nothing seen yet); the index's usage."""
-        expired = self.index.expire(newest_time) if newest_time is not None else 0
+    def maintain(self, clock: float | None) -> tuple[int, dict[str, int]]:
+        """Expire entries past max_age before the event time ``clock`` (None: nothing seen yet); the index's
+        usage."""
+        expired = self.index.expire(clock) if clock is not None else 0
         return expired, self.index.usage()
 
     def close(self) -> None:
@@ -155,9 +156,9 @@ class DecisionProcess(Lifecycle):
         removed: int = await self._call("rollback", dict(offsets))
         return removed
 
-    async def maintain(self, newest_time: float | None) -> tuple[int, dict[str, int]]:
-        """Expiry by event time up to ``newest_time``, then the index's usage (``SegmentIndex.usage``)."""
-        result: tuple[int, dict[str, int]] = await self._call("maintain", newest_time)
+    async def maintain(self, clock: float | None) -> tuple[int, dict[str, int]]:
+        """Expiry by event time up to ``clock``, then the index's usage (``SegmentIndex.usage``)."""
+        result: tuple[int, dict[str, int]] = await self._call("maintain", clock)
         return result
 
     async def _call(self, method: str, *args: Any) -> Any:

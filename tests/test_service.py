@@ -322,6 +322,37 @@ async def test_an_id_with_a_lone_surrogate_is_dead_lettered_and_the_stream_goes_
     assert (service.stats.published, dict(service.stats.dead_lettered)) == (2, {"not_utf8": 1})
 
 
+async def test_a_record_stamped_years_ahead_does_not_expire_the_index(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Expiry runs before every batch here. A clock that followed the newest event time would jump ten years
+    # with the third record and drop everything stored before it: the copy at the end would pass as novel.
+    monkeypatch.setattr("streamdedup.service._INDEX_STATS_INTERVAL_SECONDS", 0.0)
+    now = time.time()
+
+    def record(text: str, stamp: float) -> OutRecord:
+        return OutRecord(json.dumps({"text": text, "ts": stamp}).encode())
+
+    first = [
+        record("an ordinary record about the harbour and its boats", now),
+        record("another ordinary record about the market square", now + 1),
+        record("a record whose producer clock is ten years ahead", now + 10 * 365 * 86400),
+        record("a third ordinary record about the railway station", now + 2),
+    ]
+    config = overrides(kafka_bootstrap, topics, tmp_path / "index")
+    config["index"]["max_age_seconds"] = 3600
+    settings = load_settings(None, **config, input={"time_field": "ts"})
+    await kafka_produce(topics.input, first)
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, len(first)), 60, "the first records to be processed")
+        await kafka_produce(topics.input, [record("an ordinary record about the harbour and its boats", now + 3)])
+        await wait_for(lambda: _consumed(service, len(first) + 1), 60, "the copy to be processed")
+    output = await kafka_consume(topics.output, count=len(first))
+    assert [r.value for r in output] == [r.value for r in first]
+    assert (service.stats.published, dict(service.stats.dropped)) == (4, {"exact": 1})
+
+
 # ---------------------------------------------------------------------------------------------- processes
 
 

@@ -75,6 +75,10 @@ _META_FORMAT = b"format"
 _META_NEXT_SEQ = b"next_seq"
 _META_COUNT = b"count"
 _META_CLOCK = b"clock"
+_META_CLOCK_WINDOW = b"clock_window"  # event times of the latest entries added, whose median moves the clock
+CLOCK_WINDOW = 1001
+"""Entries whose median event time is the clock expiry runs by: a few entries stamped far ahead (a producer's
+clock years off) move it nowhere, where the newest time would expire everything stored before them."""
 _META_NEXT_TOPIC = b"next_topic"
 _META_STAGED_GENERATION = b"staged_generation"
 _META_NEXT_MERGE = b"next_merge"
@@ -935,7 +939,9 @@ class SegmentIndex:
             if existing:
                 self._remove_in(txn, np.frombuffer(b"".join(v for _, v in existing), dtype=_U64).astype(np.uint64))
             self._insert_in(txn, batch, id_bytes, id_keys)
-            clock = max(float(batch["times"].max()), self._clock(txn))
+            window = np.concatenate([self._clock_window(txn), batch["times"]])[-CLOCK_WINDOW:]
+            txn.put(_META_CLOCK_WINDOW, window.tobytes(), db=self._meta)
+            clock = max(float(np.median(window)), self._clock(txn))
             txn.put(_META_CLOCK, np.float64(clock).tobytes(), db=self._meta)
             if self.max_age is not None:
                 self._expire_in(txn, clock - self.max_age)
@@ -1035,6 +1041,10 @@ class SegmentIndex:
     def _clock(self, txn: Any) -> float:
         raw = txn.get(_META_CLOCK, db=self._meta)
         return float(np.frombuffer(raw, dtype=np.float64)[0]) if raw else -math.inf
+
+    def _clock_window(self, txn: Any) -> np.ndarray:
+        raw = txn.get(_META_CLOCK_WINDOW, db=self._meta)
+        return np.frombuffer(raw, dtype=np.float64) if raw else np.zeros(0, dtype=np.float64)
 
     def _put_sources(self, txn: Any, source_offsets: Mapping[tuple[str, int], int]) -> None:
         topic_ids = self._topic_ids(txn, (topic for topic, _ in source_offsets))
@@ -1265,7 +1275,8 @@ class SegmentIndex:
             "payload_bytes": self.payload_bytes,
             "max_age": self.max_age,
             "max_entries": self.max_entries,
-            "newest_time": None if clock == -math.inf else clock,
+            # Expiry's clock: the median event time of the latest CLOCK_WINDOW entries (never moving back).
+            "clock": None if clock == -math.inf else clock,
             "oldest_bucket_start": None if first_key is None else _bucket_start(first_key, self.time_bucket),
             "map_size": self.env.info()["map_size"],
             "disk_bytes": sum(disk.values()),

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamdedup.index import IndexStorageError, PlanError, SegmentIndex, make_plan
-from streamdedup.index.segment import FORMAT_VERSION
+from streamdedup.index.segment import CLOCK_WINDOW, FORMAT_VERSION
 from tests.index import crash_writer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,17 +212,36 @@ def test_replaying_a_document_does_not_match_itself_and_readding_an_id_replaces_
 
 def test_expiry_by_event_time_drops_whole_old_buckets_and_min_time_hides_the_rest(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
-    fps = _random(6, 1, rng)
-    times = np.array([0.0, 50.0, 120.0, 150.0, 250.0, 260.0])
+    fps = _random(11, 1, rng)
+    times = np.array([0.0, 50.0, 120.0, 150.0, 250.0] + [260.0] * 6)
     with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, max_age=100.0, time_bucket=100.0) as index:
-        index.add([f"t{i}" for i in range(6)], fps, times=times)
-        # The stream clock is 260, the cutoff 160: bucket [0, 100) is gone; 120 and 150 wait for their bucket.
-        assert len(index) == 4
+        index.add([f"t{i}" for i in range(11)], fps, times=times)
+        # The clock (the median time of the latest entries) is 260, the cutoff 160: bucket [0, 100) is gone;
+        # 120 and 150 wait for their bucket.
+        assert index.stats()["clock"] == 260.0
+        assert len(index) == 9
         assert index.query(fps[:2]) == [[], []]
         assert index.query(fps[2:3], min_time=160.0) == [[]]
         assert index.query(fps[2:3]) == [[("t2", 0)]]
         assert index.expire(300.0) == 2
-        assert [len(hits) for hits in index.query(fps)] == [0, 0, 0, 0, 1, 1]
+        assert [len(hits) for hits in index.query(fps)] == [0, 0, 0, 0] + [1] * 7
+
+
+def test_entries_stamped_far_ahead_do_not_move_the_expiry_clock(tmp_path: Path) -> None:
+    rng = np.random.default_rng(15)
+    fps = _random(8, 1, rng)
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, max_age=100.0, time_bucket=10.0) as index:
+        index.add(["a", "b", "c"], fps[:3], times=[1000.0, 1001.0, 1002.0])
+        # A producer's clock ten years ahead, alone in its batch and then beside others: nothing expires.
+        index.add(["future"], fps[3:4], times=[1000.0 + 3.2e8])
+        index.add(["d", "e", "future2", "f"], fps[4:], times=[1003.0, 1004.0, 2.0e9, 1005.0])
+        assert len(index) == 8 and index.stats()["clock"] == 1003.5
+        assert [hits for hits in index.query(fps[:3])] == [[("a", 0)], [("b", 0)], [("c", 0)]]
+        # The window holds the latest CLOCK_WINDOW times: when most of them move on, so does the clock.
+        later = _random(CLOCK_WINDOW, 1, rng)
+        index.add([f"l{i}" for i in range(CLOCK_WINDOW)], later, times=np.full(CLOCK_WINDOW, 5000.0))
+        assert index.stats()["clock"] == 5000.0
+        assert index.query(fps[:3]) == [[], [], []]
 
 
 def test_max_entries_evicts_the_oldest(tmp_path: Path) -> None:
