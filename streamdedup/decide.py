@@ -9,6 +9,7 @@ what the index holds is exactly what was published.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,13 +19,18 @@ from typing import Literal, NamedTuple, overload
 import numpy as np
 
 from .document import Document
-from .index import SegmentIndex, TableKeys
+from .index import STORAGE_ERRORS, SegmentIndex, TableKeys
 from .settings import Settings
 from .signature import BatchPairs, Signatures, Signer
 
 __all__ = ["BatchTimings", "Deduplicator", "Verdict", "Verdicts"]
 
+log = logging.getLogger(__name__)
+
 Reason = Literal["novel", "exact", "near", "unindexable"]
+
+# What no single document is to blame for: such errors fail the batch, whose documents then wait for a retry.
+_BATCH_ERRORS = (*STORAGE_ERRORS, MemoryError)
 
 
 class Verdict(NamedTuple):
@@ -77,6 +83,19 @@ class Verdicts(Sequence[Verdict]):
             self.errors[row],
         )
 
+    @classmethod
+    def joined(cls, first: Verdicts, second: Verdicts) -> Verdicts:
+        """The verdicts of two consecutive parts of a batch, as one batch's."""
+        return cls(
+            np.concatenate([first.novel, second.novel]),
+            first.reasons + second.reasons,
+            np.concatenate([first.fingerprints, second.fingerprints]),
+            first.match_ids + second.match_ids,
+            first.distances + second.distances,
+            first.jaccards + second.jaccards,
+            first.errors + second.errors,
+        )
+
     def __iter__(self) -> Iterator[Verdict]:
         columns = zip(
             self.novel.tolist(),
@@ -127,12 +146,53 @@ class Deduplicator:
 
         ``signatures`` of the documents' texts, when signed elsewhere (a :class:`SignerPool`), save signing here;
         signed under the index's plan, they also save keying the batch.
+
+        A batch whose decision raises (a bug some document sets off) is decided again in halves, each its own
+        transaction, down to the documents that fail alone: each of those passes unjudged, as ``unindexable``
+        with the error (published, not stored), and the error is logged; a stream never stops on one document.
+        Storage errors (a full disk) fail the batch as a whole.
         """
-        started = time.perf_counter()
         if signatures is None:
             signatures = self.signer.sign([doc.text for doc in docs])
         elif len(signatures) != len(docs):
             raise ValueError(f"{len(signatures)} signatures for {len(docs)} documents")
+        return self._decided_or_apart(docs, source_offsets, signatures)
+
+    def _decided_or_apart(
+        self, docs: Sequence[Document], source_offsets: Mapping[tuple[str, int], int] | None, signatures: Signatures
+    ) -> Verdicts:
+        try:
+            return self._decide(docs, source_offsets, signatures)
+        except _BATCH_ERRORS:
+            raise
+        except Exception as exc:
+            if len(docs) == 1:
+                return self._unjudged(docs[0], source_offsets, signatures, exc)
+            log.warning("deciding %d documents failed (%r); deciding them in halves", len(docs), exc)
+            half = len(docs) // 2
+            # The batch's offsets go with its last part.
+            first = self._decided_or_apart(docs[:half], None, signatures.subset(slice(None, half)))
+            second = self._decided_or_apart(docs[half:], source_offsets, signatures.subset(slice(half, None)))
+            return Verdicts.joined(first, second)
+
+    def _unjudged(
+        self,
+        doc: Document,
+        source_offsets: Mapping[tuple[str, int], int] | None,
+        signatures: Signatures,
+        error: Exception,
+    ) -> Verdicts:
+        """The verdict of a document that cannot be decided: passed on, not stored, with the error."""
+        log.error("document %r cannot be decided; it passes unjudged", doc.id, exc_info=error)
+        if source_offsets:
+            self.index.add([], signatures.fingerprints[:0], source_offsets=source_offsets)
+        reason = f"not decided: {type(error).__name__}: {error}"
+        return Verdicts(np.ones(1, dtype=bool), ["unindexable"], signatures.fingerprints, [None], [None], [None], (reason,))
+
+    def _decide(
+        self, docs: Sequence[Document], source_offsets: Mapping[tuple[str, int], int] | None, signatures: Signatures
+    ) -> Verdicts:
+        started = time.perf_counter()
         if signatures.keys is None or not signatures.keys.plan.same_lookup(self.index.plan):
             signatures = self.signer.keyed(signatures)
         keys, pairs = signatures.keys, signatures.pairs

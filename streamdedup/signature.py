@@ -57,6 +57,10 @@ class Signatures:
     def __len__(self) -> int:
         return len(self.errors)
 
+    def subset(self, rows: slice) -> Signatures:
+        """The signatures of these rows alone, without the batch's keys and pairs (keying the rows makes theirs)."""
+        return Signatures(self.fingerprints[rows], self.sketches[rows], self.errors[rows], self.empty[rows])
+
     @property
     def indexable(self) -> np.ndarray:
         """Texts with features and without an error: the ones that can be looked up and stored."""

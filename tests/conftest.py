@@ -165,3 +165,19 @@ def process_state(pid: int) -> str | None:
 def process_running(pid: int) -> bool:
     """Alive and not a zombie waiting to be reaped by whoever inherited it."""
     return process_state(pid) not in (None, "Z")
+
+
+# --- The decision core: a bug that one document sets off --------------------------------------------------
+from streamdedup.decide import Deduplicator  # noqa: E402
+
+
+def plant_decision_bug(monkeypatch: pytest.MonkeyPatch, poison_id: str, message: str) -> None:
+    """Make the decision core's lookup raise ZeroDivisionError(``message``) for any batch holding ``poison_id``."""
+    real = Deduplicator._stored_matches
+
+    def broken(self: Deduplicator, ids: list[str], *args: object) -> object:
+        if poison_id in ids:
+            raise ZeroDivisionError(message)
+        return real(self, ids, *args)
+
+    monkeypatch.setattr(Deduplicator, "_stored_matches", broken)

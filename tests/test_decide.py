@@ -10,9 +10,11 @@ import pytest
 
 from streamdedup.decide import Deduplicator, Verdict
 from streamdedup.document import Document
+from streamdedup.index import IndexStorageError
 from streamdedup.offline import open_index
 from streamdedup.quality.corpus import load_stream
 from streamdedup.settings import Settings, load_settings
+from tests.conftest import plant_decision_bug
 
 BASE = "the quick brown fox jumps over the lazy dog while the farmer watches from the old red barn"
 
@@ -125,3 +127,34 @@ def test_a_batch_without_documents_still_stores_its_source_offsets(settings: Set
     with open_index(settings, tmp_path / "idx") as index:
         assert list(Deduplicator(settings, index).decide([], source_offsets={("t", 0): 42})) == []
         assert index.source_offsets() == {("t", 0): 42} and len(index) == 0
+
+
+def test_a_document_that_breaks_the_decision_passes_unjudged_and_the_rest_is_decided(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A bug that one document sets off, wherever it sits in its batch, must not stop the stream: the batch is
+    # decided in halves down to that document, which passes unjudged; the others get their usual verdicts.
+    batch = docs([BASE, "poison " + BASE, BASE.replace("lazy", "sleepy"), "something else entirely, about harbours", BASE])
+    expected = run(settings, tmp_path / "clean", [[doc for doc in batch if doc.id != "d1"]])
+    assert [v.reason for v in expected] == ["novel", "near", "novel", "exact"]
+    plant_decision_bug(monkeypatch, "d1", "a bug d1 sets off")
+    with open_index(settings, tmp_path / "idx") as index:
+        verdicts = Deduplicator(settings, index).decide(batch, source_offsets={("t", 0): 5})
+        assert index.source_offsets() == {("t", 0): 5}
+        stored = {hits[0][0] for hits in index.query(verdicts.fingerprints) if hits}
+    assert verdicts.reasons[1] == "unindexable" and verdicts.novel[1]
+    assert verdicts.errors[1] == "not decided: ZeroDivisionError: a bug d1 sets off"
+    others = [verdicts[i] for i in (0, 2, 3, 4)]
+    assert [(v.novel, v.reason, v.match_id) for v in others] == [(v.novel, v.reason, v.match_id) for v in expected]
+    assert stored == {"d0", "d3"}  # the kept documents, and not the one passed unjudged
+    assert "document 'd1' cannot be decided" in caplog.text
+
+
+def test_a_storage_error_fails_the_whole_batch(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise IndexStorageError("batch not stored: disk full")
+
+    with open_index(settings, tmp_path / "idx") as index:
+        monkeypatch.setattr(index, "add", full)
+        with pytest.raises(IndexStorageError):
+            Deduplicator(settings, index).decide(docs([BASE, "another text about something else"]))

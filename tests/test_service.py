@@ -42,7 +42,14 @@ from streamdedup.names import (
 from streamdedup.offline import open_index
 from streamdedup.service import DedupService
 from streamdedup.settings import Settings, load_settings
-from tests.conftest import OutRecord, consume_records, process_running, process_state, produce_records
+from tests.conftest import (
+    OutRecord,
+    consume_records,
+    plant_decision_bug,
+    process_running,
+    process_state,
+    produce_records,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -351,6 +358,31 @@ async def test_a_record_stamped_years_ahead_does_not_expire_the_index(
     output = await kafka_consume(topics.output, count=len(first))
     assert [r.value for r in output] == [r.value for r in first]
     assert (service.stats.published, dict(service.stats.dropped)) == (4, {"exact": 1})
+
+
+async def test_a_document_that_breaks_the_decision_core_passes_unjudged_and_the_stream_goes_on(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A bug one record sets off in the decision core (here planted in its lookup, which runs in this process
+    # with no workers) used to fail the batch on every replay: the service stopped for good.
+    plant_decision_bug(monkeypatch, "poison", "a bug this record sets off")
+    texts = ["a record about the harbour and its fishing boats", "the poison record", "a record about the old mill"]
+    stream = [
+        OutRecord(json.dumps({"id": name, "text": text}).encode())
+        for name, text in zip(["a", "poison", "c"], texts, strict=True)
+    ]
+    stream.append(OutRecord(json.dumps({"id": "copy", "text": texts[0]}).encode()))
+    settings = load_settings(
+        None, **overrides(kafka_bootstrap, topics, tmp_path / "index"), input={"id_field": "id"}, dedup={"workers": 0}
+    )
+    await kafka_produce(topics.input, stream)
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, len(stream)), 60, "the stream to be processed")
+        assert service.running
+    output = await kafka_consume(topics.output, count=3)
+    assert [r.value for r in output] == [r.value for r in stream[:3]]
+    assert (service.stats.published, dict(service.stats.dropped)) == (3, {"exact": 1})
 
 
 # ---------------------------------------------------------------------------------------------- processes

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from .keys import TableKeys, table_keys
 from .plan import IndexPlan, PlanError, make_plan
-from .segment import EntryRecords, IndexStorageError, SearchResult, SegmentIndex, planned
+from .segment import STORAGE_ERRORS, EntryRecords, IndexStorageError, SearchResult, SegmentIndex, planned
 
 __all__ = [
+    "STORAGE_ERRORS",
     "EntryRecords",
     "IndexPlan",
     "IndexStorageError",

@@ -60,7 +60,7 @@ from .staged import StagedRows
 from .table import BIG_ENDIAN_U64 as _U64
 from .table import DuplicateRows, PackedBuckets, TableLayout, int_bytes, rows_in, table_class
 
-__all__ = ["EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex", "planned"]
+__all__ = ["STORAGE_ERRORS", "EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex", "planned"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,10 @@ _FOLD_VALUES, _ENTRY_VALUES = "folds", "entries"
 
 class IndexStorageError(RuntimeError):
     """A batch could not be stored (disk full, map at its limit); nothing committed before it is lost."""
+
+
+STORAGE_ERRORS: tuple[type[Exception], ...] = (IndexStorageError, lmdb.Error)
+"""Errors of the index's storage, whatever the batch holds: no document of it is to blame."""
 
 
 @dataclass(frozen=True)
