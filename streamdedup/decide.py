@@ -203,8 +203,13 @@ class Deduplicator:
         ids = [doc.id for doc in docs]
         fingerprinted = time.perf_counter()
 
-        matches = self._stored_matches(ids, fps, times, sketches, indexable, keys)
+        stored = self._stored_matches(ids, fps, times, sketches, indexable, keys)
+        matches = dict(stored)
         self._resolve_within_batch(ids, times, pairs, matches)
+        if pairs.copies is not None and self._kept_later_copy(indexable, pairs.copies, matches):
+            # Only first copies were candidates, which is exact while no later copy is kept: here one is.
+            matches = dict(stored)
+            self._resolve_within_batch(ids, times, self.signer.keyed(signatures, every_pair=True).pairs, matches)
 
         duplicate = np.zeros(len(docs), dtype=bool)
         duplicate[list(matches)] = True
@@ -297,6 +302,12 @@ class Deduplicator:
         return {
             int(query[i]): (records.ids[i], int(found.distances[i]), float(jaccard[i])) for i in first.tolist()
         }
+
+    @staticmethod
+    def _kept_later_copy(indexable: np.ndarray, copies: np.ndarray, matches: dict[int, tuple[str, int, float]]) -> bool:
+        """Whether a copy after the first (see ``BatchPairs``) is kept: it stays unmatched though indexable."""
+        later_copies = np.flatnonzero(indexable & (copies != np.arange(len(copies))))
+        return any(row not in matches for row in later_copies.tolist())
 
     def _resolve_within_batch(
         self, ids: list[str], times: np.ndarray, pairs: BatchPairs, matches: dict[int, tuple[str, int, float]]

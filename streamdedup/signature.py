@@ -34,12 +34,18 @@ should have it (at nice 10 the scheduler gives a signer about a tenth of a conte
 @dataclass(frozen=True)
 class BatchPairs:
     """Indexable texts of one batch that share a table key and lie within the plan's radius, sorted by
-    (earlier, later): their rows, Hamming distance and the Jaccard estimate of their sketches."""
+    (earlier, later): their rows, Hamming distance and the Jaccard estimate of their sketches.
+
+    Of texts signed alike (the same fingerprint and sketch: copies), only the first is ever an earlier side:
+    a later copy can be kept only where the stored entries' expiry sets it apart from the first, and
+    ``copies`` (each row's first copy, None when every pair is here) lets the decision core see that and ask
+    for every pair. A storm of n copies then makes n pairs, not n**2 / 2 in every table."""
 
     earlier: np.ndarray
     later: np.ndarray
     distances: np.ndarray
     jaccard: np.ndarray
+    copies: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -93,18 +99,31 @@ class Signer:
         signatures = Signatures(batch.fingerprints, self.sketcher.sketch(features), batch.errors, batch.empty)
         return signatures if self.plan is None else self.keyed(signatures)
 
-    def keyed(self, signatures: Signatures) -> Signatures:
-        """``signatures`` with their table keys under this signer's plan and their near pairs."""
+    def keyed(self, signatures: Signatures, *, every_pair: bool = False) -> Signatures:
+        """``signatures`` with their table keys under this signer's plan and their near pairs (see
+        :class:`BatchPairs`: only first copies as the earlier side, unless ``every_pair``)."""
         if self.plan is None:
             raise ValueError("a signer without a table plan cannot key signatures")
         fps = signatures.fingerprints
         keys = table_keys(self.plan, fps)
-        earlier, later, distances = keys.pairs(fps)
+        copies = None if every_pair else _first_copies(fps, signatures.sketches)
+        earlier, later, distances = keys.pairs(fps, None if copies is None else copies == np.arange(len(copies)))
         indexable = signatures.indexable
         usable = indexable[earlier] & indexable[later]
         earlier, later, distances = earlier[usable], later[usable], distances[usable]
         jaccard = self.sketcher.jaccard(signatures.sketches[later], signatures.sketches[earlier])
-        return replace(signatures, keys=keys, pairs=BatchPairs(earlier, later, distances, jaccard))
+        return replace(signatures, keys=keys, pairs=BatchPairs(earlier, later, distances, jaccard, copies))
+
+
+def _first_copies(fps: np.ndarray, sketches: np.ndarray) -> np.ndarray:
+    """Each row's first row with the same fingerprint and sketch (itself when it is the first). Rows are grouped
+    by the XOR of their fingerprint's words, then checked whole: a row that only shares the XOR counts as a first
+    (more pairs, never a wrong one)."""
+    rows = np.arange(len(fps))
+    _, first, inverse = np.unique(np.bitwise_xor.reduce(fps, axis=1), return_index=True, return_inverse=True)
+    copies = first[inverse.reshape(-1)]
+    same = (fps == fps[copies]).all(axis=1) & (sketches == sketches[copies]).all(axis=1)
+    return np.where(same, copies, rows)
 
 
 def _sign(signer: Signer, texts: list[str]) -> Signatures:

@@ -158,3 +158,51 @@ def test_a_storage_error_fails_the_whole_batch(settings: Settings, tmp_path: Pat
         monkeypatch.setattr(index, "add", full)
         with pytest.raises(IndexStorageError):
             Deduplicator(settings, index).decide(docs([BASE, "another text about something else"]))
+
+
+def _decide_with_pairs(
+    settings: Settings, path: Path, batches: list[list[Document]], every_pair: bool
+) -> tuple[list[tuple[bool, str | None]], list[int]]:
+    """Verdicts (novel, match id) of the batches, each signed with only first copies as earlier sides or with
+    every pair; and the number of pairs each batch had."""
+    with open_index(settings, path) as index:
+        dedup = Deduplicator(settings, index)
+        verdicts, counts = [], []
+        for batch in batches:
+            signatures = dedup.signer.keyed(dedup.signer.sign([doc.text for doc in batch]), every_pair=every_pair)
+            assert signatures.pairs is not None
+            counts.append(len(signatures.pairs.earlier))
+            verdicts += [(v.novel, v.match_id) for v in dedup.decide(batch, signatures=signatures)]
+        return verdicts, counts
+
+
+def test_a_storm_of_copies_pairs_each_copy_with_the_first_only_and_decides_as_with_every_pair(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # Copies (retweets, a re-sent feed item) and near copies in bulk, over event times that straddle the
+    # expiry of what the first batches stored.
+    rng = random.Random(3)
+    texts = [BASE, BASE.replace("lazy", "sleepy"), "a second story entirely, about the tides and the ferry timetable"]
+    max_age = settings.index.max_age_seconds
+    batches = []
+    for number in range(4):
+        start = number * 300
+        stamps = [number * max_age * 0.6 + rng.uniform(0, max_age * 0.3) for _ in range(300)]
+        batches.append([Document(f"d{start + i}", rng.choice(texts), stamp) for i, stamp in enumerate(sorted(stamps))])
+    reduced, reduced_pairs = _decide_with_pairs(settings, tmp_path / "reduced", batches, every_pair=False)
+    full, full_pairs = _decide_with_pairs(settings, tmp_path / "full", batches, every_pair=True)
+    assert reduced == full
+    assert sum(not novel for novel, _ in full) > 1000
+    # Three signatures, 300 copies: each copy pairs with the first of each signature before it, not every copy.
+    assert max(reduced_pairs) < 900 < 20_000 < min(full_pairs)
+
+
+def test_a_later_copy_kept_by_the_stored_entries_expiry_brings_every_pair(settings: Settings, tmp_path: Path) -> None:
+    # d1 matches the stored d0, which is ten seconds too old for d2: d2 is kept, and d3, a copy of both, must
+    # match d2. Its first copy d1 is not kept, so the pairs of first copies alone would keep d3 too.
+    max_age = settings.index.max_age_seconds
+    batch = [Document("d1", BASE, max_age), Document("d2", BASE, max_age + 10), Document("d3", BASE, max_age + 20)]
+    for every_pair in (False, True):
+        verdicts, pairs = _decide_with_pairs(settings, tmp_path / f"every-{every_pair}", [docs([BASE]), batch], every_pair)
+        assert verdicts == [(True, None), (False, "d0"), (True, None), (False, "d2")]
+        assert pairs[1] == (3 if every_pair else 2)

@@ -60,9 +60,12 @@ class TableKeys:
         values = self.values.ravel()[kept].reshape(shape)
         return TableKeys(self.plan, mapped[kept].reshape(shape), keys, values, _runs(keys), self.folds[rows])
 
-    def pairs(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def pairs(
+        self, fps: np.ndarray, earlier_rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All (earlier, later, distance) row pairs within the plan's radius that share a key in some table
-        (the same guarantee as the stored tables), sorted by (earlier, later)."""
+        (the same guarantee as the stored tables), sorted by (earlier, later); only those whose earlier row is
+        one of ``earlier_rows`` (a mask over the rows) when given."""
         n = len(self)
         none = np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
         rows = self.rows.ravel()
@@ -72,6 +75,8 @@ class TableKeys:
         later_count = run_end - positions - 1
         if self.unkeyed_zero:
             later_count[self.keys.ravel() == 0] = 0
+        if earlier_rows is not None:
+            later_count[~earlier_rows[rows]] = 0
         total = int(later_count.sum())
         if not total:
             return none

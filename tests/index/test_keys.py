@@ -66,6 +66,13 @@ def test_pairs_are_the_rows_within_the_radius_that_share_a_key(name: str) -> Non
     assert len(expected) > 50
     assert np.array_equal(np.stack([earlier, later], axis=1), expected)
     assert distances.tolist() == distance[earlier, later].tolist()
+    # Restricted to some rows as the earlier side: exactly the pairs whose earlier row is one of them.
+    allowed = np.random.default_rng(12).random(len(fps)) < 0.5
+    some_earlier, some_later, some_distances = keys.pairs(fps, allowed)
+    chosen = expected[allowed[expected[:, 0]]]
+    assert 0 < len(chosen) < len(expected)
+    assert np.array_equal(np.stack([some_earlier, some_later], axis=1), chosen)
+    assert some_distances.tolist() == distance[some_earlier, some_later].tolist()
 
 
 def test_the_index_refuses_keys_of_another_plan(tmp_path: Path) -> None:
