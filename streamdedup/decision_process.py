@@ -55,11 +55,10 @@ class _DecisionCore:
     def rollback(self, offsets: Mapping[tuple[str, int], int]) -> int:
         return self.index.rollback(offsets)
 
-    def maintain(self, clock: float | None) -> tuple[int, dict[str, int]]:
-        """Expire entries past max_age before the event time ``clock`` (None: nothing seen yet); the index's
-        usage."""
-        expired = self.index.expire(clock) if clock is not None else 0
-        return expired, self.index.usage()
+    def maintain(self, clock: float | None = None) -> tuple[int, dict[str, int]]:
+        """Expire entries past max_age before the event time ``clock`` (None: the index's own clock); the
+        index's usage."""
+        return self.index.expire(clock), self.index.usage()
 
     def close(self) -> None:
         self.index.close()
@@ -156,8 +155,9 @@ class DecisionProcess(Lifecycle):
         removed: int = await self._call("rollback", dict(offsets))
         return removed
 
-    async def maintain(self, clock: float | None) -> tuple[int, dict[str, int]]:
-        """Expiry by event time up to ``clock``, then the index's usage (``SegmentIndex.usage``)."""
+    async def maintain(self, clock: float | None = None) -> tuple[int, dict[str, int]]:
+        """Expiry by event time up to ``clock`` (None: the index's own), then the index's usage
+        (``SegmentIndex.usage``)."""
         result: tuple[int, dict[str, int]] = await self._call("maintain", clock)
         return result
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import signal
-import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
@@ -56,9 +54,6 @@ log = logging.getLogger(__name__)
 _INDEX_STATS_INTERVAL_SECONDS = 5.0
 # One batch decided while the next waits behind it: the decision process never waits for this one.
 _BATCHES_IN_DECISION = 2
-# Expiry's clock is the median event time of this many latest documents: a record whose producer's clock is
-# years ahead (Kafka's CreateTime is the producer's to set) must not expire the whole index.
-_EXPIRY_CLOCK_DOCUMENTS = 1001
 
 
 @dataclass(frozen=True)
@@ -132,8 +127,6 @@ class DedupService(Lifecycle):
         self._in_flight: asyncio.Task[None] | None = None
         self._producer_ready = False
         self._index_stats_at = 0.0
-        self._recent_event_times: deque[float] = deque(maxlen=_EXPIRY_CLOCK_DOCUMENTS)
-        self._expiry_clock = -math.inf
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -473,7 +466,6 @@ class DedupService(Lifecycle):
         """Once the batch is signed, queue it in the decision process; the task gives its verdicts."""
         await self._maintain_index()
         documents, next_offsets = prepared.documents, prepared.next_offsets
-        self._recent_event_times.extend(doc.time for doc in documents)
         signing_started = time.perf_counter()
         signatures = await self._signatures(prepared)
         signing_seconds = time.perf_counter() - signing_started
@@ -587,18 +579,14 @@ class DedupService(Lifecycle):
         """Every few seconds: drop entries past max_age (event time) and refresh the index gauges.
 
         Expiry only reclaims space: the decision core already ignores entries older than max_age (each document
-        by its own event time). Its clock is the median event time of the latest documents, so that a few
-        records stamped far ahead cannot make it drop what the rest of the stream still needs.
+        by its own event time). It runs by the index's own clock (``CLOCK_WINDOW``), which records stamped far
+        ahead do not move.
         """
         now = time.monotonic()
         if now - self._index_stats_at < _INDEX_STATS_INTERVAL_SECONDS:
             return
         self._index_stats_at = now
-        if self._recent_event_times:
-            # Never back: a replay of older records leaves what was expired expired.
-            self._expiry_clock = max(self._expiry_clock, statistics.median(self._recent_event_times))
-        clock = self._expiry_clock if self._expiry_clock > -math.inf else None
-        expired, usage = await self._decisions.maintain(clock)
+        expired, usage = await self._decisions.maintain()
         self.metrics.record_index(
             entries=usage["entries"],
             used_bytes=usage["disk_bytes"],

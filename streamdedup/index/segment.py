@@ -1108,11 +1108,17 @@ class SegmentIndex:
 
         return self._write(work)
 
-    def expire(self, now: float) -> int:
-        """Remove entries with event time before ``now - max_age``; returns how many were removed."""
+    def expire(self, now: float | None = None) -> int:
+        """Remove entries with event time before ``now - max_age`` (``now``: the index's own clock, see
+        CLOCK_WINDOW, by default); returns how many were removed."""
         if self.max_age is None:
             return 0
-        return self._write(lambda txn: self._expire_in(txn, now - self.max_age))
+
+        def work(txn: Any) -> int:
+            clock = self._clock(txn) if now is None else now
+            return self._expire_in(txn, clock - self.max_age) if clock > -math.inf else 0
+
+        return self._write(work)
 
     def _expire_in(self, txn: Any, cutoff: float) -> int:
         # Whole buckets go; an entry at most one bucket younger than the cutoff waits for its bucket
