@@ -17,7 +17,7 @@ import numpy as np
 
 from .features import FeatureExtractor
 from .fingerprint import FingerprintBatch, Fingerprinter
-from .index import IndexPlan, TableKeys, table_keys
+from .index import IndexPlan, TableKeys, first_copies, table_keys
 from .minhash import BottomK
 from .settings import DedupSettings, FingerprintSettings
 from .workers import WorkerProcess
@@ -106,24 +106,13 @@ class Signer:
             raise ValueError("a signer without a table plan cannot key signatures")
         fps = signatures.fingerprints
         keys = table_keys(self.plan, fps)
-        copies = None if every_pair else _first_copies(fps, signatures.sketches)
+        copies = None if every_pair else first_copies(fps, signatures.sketches)
         earlier, later, distances = keys.pairs(fps, None if copies is None else copies == np.arange(len(copies)))
         indexable = signatures.indexable
         usable = indexable[earlier] & indexable[later]
         earlier, later, distances = earlier[usable], later[usable], distances[usable]
         jaccard = self.sketcher.jaccard(signatures.sketches[later], signatures.sketches[earlier])
         return replace(signatures, keys=keys, pairs=BatchPairs(earlier, later, distances, jaccard, copies))
-
-
-def _first_copies(fps: np.ndarray, sketches: np.ndarray) -> np.ndarray:
-    """Each row's first row with the same fingerprint and sketch (itself when it is the first). Rows are grouped
-    by the XOR of their fingerprint's words, then checked whole: a row that only shares the XOR counts as a first
-    (more pairs, never a wrong one)."""
-    rows = np.arange(len(fps))
-    _, first, inverse = np.unique(np.bitwise_xor.reduce(fps, axis=1), return_index=True, return_inverse=True)
-    copies = first[inverse.reshape(-1)]
-    same = (fps == fps[copies]).all(axis=1) & (sketches == sketches[copies]).all(axis=1)
-    return np.where(same, copies, rows)
 
 
 def _sign(signer: Signer, texts: list[str]) -> Signatures:

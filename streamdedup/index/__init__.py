@@ -3,7 +3,7 @@ batch's table keys under a plan (``TableKeys``, ``table_keys``)."""
 
 from __future__ import annotations
 
-from .keys import TableKeys, table_keys
+from .keys import TableKeys, first_copies, table_keys
 from .plan import IndexPlan, PlanError, make_plan
 from .segment import STORAGE_ERRORS, EntryRecords, IndexStorageError, SearchResult, SegmentIndex, planned
 
@@ -16,6 +16,7 @@ __all__ = [
     "SearchResult",
     "SegmentIndex",
     "TableKeys",
+    "first_copies",
     "make_plan",
     "planned",
     "table_keys",

@@ -12,7 +12,7 @@ import numpy as np
 
 from .plan import IndexPlan, fold, gather_bits, unpack_bits
 
-__all__ = ["TableKeys", "table_keys", "table_rows"]
+__all__ = ["TableKeys", "first_copies", "table_keys", "table_rows"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,21 @@ class TableKeys:
         distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
         near = distances <= self.plan.radius
         return earlier[near], later[near], distances[near]
+
+
+def first_copies(fps: np.ndarray, *alike: np.ndarray) -> np.ndarray:
+    """Each row's first row with the same fingerprint and the same row in every array of ``alike`` (itself when
+    it is the first). Rows are grouped by the XOR of their fingerprint's words, then checked whole: a row that
+    only shares the XOR counts as a first (more pairs, never a wrong one)."""
+    rows = np.arange(len(fps))
+    if not len(fps):
+        return rows
+    _, first, inverse = np.unique(np.bitwise_xor.reduce(fps, axis=1), return_index=True, return_inverse=True)
+    copies = first[inverse.reshape(-1)]
+    same = (fps == fps[copies]).all(axis=1)
+    for column in alike:
+        same &= (column == column[copies]).reshape(len(fps), -1).all(axis=1)
+    return np.where(same, copies, rows)
 
 
 def table_keys(plan: IndexPlan, fps: np.ndarray) -> TableKeys:

@@ -54,7 +54,7 @@ import numpy as np
 from .. import names
 from ..settings import IndexSettings
 from .key_filter import KeyFilter
-from .keys import TableKeys, table_keys, table_rows
+from .keys import TableKeys, first_copies, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
 from .staged import StagedRows
 from .table import BIG_ENDIAN_U64 as _U64
@@ -1057,21 +1057,40 @@ class SegmentIndex:
             txn.put(key, int(offset).to_bytes(8, "big"), db=self._sources)
 
     def _query_insert_in(self, txn, batch, source_offsets, min_time) -> list[list[tuple[str, int]]]:
-        fps, ids, times = batch["fps"], batch["ids"], batch["times"]
+        fps, ids = batch["fps"], batch["ids"]
         n = len(fps)
         result, records = self._search(txn, fps, min_time, batch["keys"])
         if records is None:
             records = self._records(txn, result.entries)
-        matches = self._group(n, result, records)
+        stored = self._group(n, result, records)
         for row in range(n):
-            if matches[row] and any(found == ids[row] for found, _ in matches[row]):
-                matches[row] = [(found, d) for found, d in matches[row] if found != ids[row]]
-        novel = np.array([not m for m in matches], dtype=bool)
-        earlier, later, distances = batch["keys"].pairs(fps)
+            if stored[row] and any(found == ids[row] for found, _ in stored[row]):
+                stored[row] = [(found, d) for found, d in stored[row] if found != ids[row]]
+        # Only the first of identical fingerprints is an earlier side of a pair (a burst of n copies makes n
+        # pairs, not n**2 / 2). That is exact while no later copy is kept, which only an earlier copy too old
+        # for ``min_time`` allows: then the batch is resolved again with every pair.
+        copies = first_copies(fps)
+        firsts = copies == np.arange(n)
+        matches, novel = self._resolved(batch, stored, min_time, firsts)
+        if (novel & ~firsts).any():
+            matches, novel = self._resolved(batch, stored, min_time, None)
+        self._add_in(txn, _subset(batch, np.flatnonzero(novel)), source_offsets)
+        return matches
+
+    @staticmethod
+    def _resolved(
+        batch: dict[str, Any], stored: list[list[tuple[str, int]]], min_time: float | None, earlier_rows: np.ndarray | None
+    ) -> tuple[list[list[tuple[str, int]]], np.ndarray]:
+        """Each row's matches (stored ones and earlier kept rows of the batch) and whether it is kept, in
+        stream order: a row is kept only if nothing stored and no earlier kept row lies within the radius."""
+        fps, ids, times = batch["fps"], batch["ids"], batch["times"]
+        n = len(fps)
+        matches = [list(found) for found in stored]
+        novel = np.array([not found for found in matches], dtype=bool)
+        earlier, later, distances = batch["keys"].pairs(fps, earlier_rows)
         if min_time is not None:
             keep = times[earlier] >= min_time
             earlier, later, distances = earlier[keep], later[keep], distances[keep]
-        # Resolve in stream order: a document is kept only if no earlier kept document lies within the radius.
         order = np.lexsort((earlier, distances, later))
         earlier, later, distances = earlier[order], later[order], distances[order]
         bounds = np.searchsorted(later, np.arange(n + 1))
@@ -1082,9 +1101,7 @@ class SegmentIndex:
             if matches[row]:
                 novel[row] = False
                 matches[row].sort(key=lambda m: m[1])
-        keep = np.flatnonzero(novel)
-        self._add_in(txn, _subset(batch, keep), source_offsets)
-        return matches
+        return matches, novel
 
     def batch_pairs(
         self, fps: np.ndarray, *, keys: TableKeys | None = None

@@ -188,6 +188,37 @@ def test_query_insert_matches_earlier_kept_documents_whatever_the_batch_boundari
     assert stored == 7
 
 
+def test_query_insert_on_a_burst_of_copies_decides_as_one_document_at_a_time(tmp_path: Path) -> None:
+    # 1,500 copies of one fingerprint among near copies and others: in one batch only the first copy is an
+    # earlier side of a pair, and the verdicts equal those of one query_insert per document.
+    rng = np.random.default_rng(11)
+    a = _random(1, 1, rng)
+    near = a ^ np.uint64(0b101)
+    others = _random(40, 1, rng)
+    fps = np.concatenate([others[:20], np.repeat(a, 700, axis=0), near, np.repeat(a, 800, axis=0), others[20:]])
+    ids = [f"x{i}" for i in range(len(fps))]
+    times = np.zeros(len(fps))
+    with SegmentIndex(tmp_path / "batch", 64, 3, expected_entries=10_000, sync=False) as index:
+        together = index.query_insert(ids, fps, times=times)
+        kept_together = len(index)
+    with SegmentIndex(tmp_path / "alone", 64, 3, expected_entries=10_000, sync=False) as index:
+        alone = [index.query_insert(ids[i : i + 1], fps[i : i + 1], times=times[i : i + 1])[0] for i in range(len(fps))]
+        kept_alone = len(index)
+    assert together == alone
+    assert kept_together == kept_alone == 40 + 1
+    assert together[21] == [("x20", 0)] and together[720] == [("x20", 2)] and together[-41] == [("x20", 0)]
+
+
+def test_query_insert_resolves_every_pair_when_a_later_copy_is_kept(tmp_path: Path) -> None:
+    # The first copy is too old for min_time, so it cannot drop the second, which is kept and drops the third:
+    # a verdict the first copy alone as an earlier side would miss.
+    fps = np.repeat(_random(1, 1, np.random.default_rng(12)), 3, axis=0)
+    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, sync=False) as index:
+        results = index.query_insert(["old", "new", "copy"], fps, times=np.array([0.0, 100.0, 100.0]), min_time=50.0)
+        assert results == [[], [], [("new", 0)]]
+        assert len(index) == 2
+
+
 def test_replaying_a_document_does_not_match_itself_and_readding_an_id_replaces_it(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     fps = _random(3, 1, rng)
