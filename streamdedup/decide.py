@@ -306,8 +306,9 @@ class Deduplicator:
     @staticmethod
     def _kept_later_copy(indexable: np.ndarray, copies: np.ndarray, matches: dict[int, tuple[str, int, float]]) -> bool:
         """Whether a copy after the first (see ``BatchPairs``) is kept: it stays unmatched though indexable."""
-        later_copies = np.flatnonzero(indexable & (copies != np.arange(len(copies))))
-        return any(row not in matches for row in later_copies.tolist())
+        unmatched = indexable & (copies != np.arange(len(copies)))
+        unmatched[list(matches)] = False
+        return bool(unmatched.any())
 
     def _resolve_within_batch(
         self, ids: list[str], times: np.ndarray, pairs: BatchPairs, matches: dict[int, tuple[str, int, float]]
