@@ -52,8 +52,10 @@ log = logging.getLogger(__name__)
 
 # Index size gauges read LMDB statistics; refreshing them every batch would cost more than it tells.
 _INDEX_STATS_INTERVAL_SECONDS = 5.0
-# One batch decided while the next waits behind it: the decision process never waits for this one.
-_BATCHES_IN_DECISION = 2
+# Fetched batches not yet handed to their Kafka transaction: one waiting for its verdicts, the next ones signed
+# and queued in the decision process as soon as they are signed, so neither the decision process nor the
+# signing workers wait for this process's turn.
+_BATCHES_IN_FLIGHT = 4
 
 
 @dataclass(frozen=True)
@@ -270,20 +272,26 @@ class DedupService(Lifecycle):
 
     async def _consume(self, consumer: BatchConsumer, producer: TransactionalProducer) -> None:
         """Batches flow through the stages at once: batch N's Kafka transaction commits while the decision
-        process decides batch N+1 with batch N+2 queued behind it, and the workers sign batch N+3 when it is
-        already fetched. The decision process goes from one batch to the next without waiting for this
-        process. Transactions stay one at a time, in order.
+        process decides the next ones and the workers sign those fetched after them. Each batch goes to the
+        decision process the moment it is signed and the one before it was queued there (``_submitted_after``),
+        so waiting for one batch's verdicts holds up neither signing nor deciding. The decision process goes
+        from one batch to the next without waiting for this process. Transactions stay one at a time, in order.
 
-        The index may then run up to three batches ahead of Kafka, which reconciliation undoes like one.
-        Verdicts go to Kafka only under the batch lock after a rebalance check: after a rebalance, nothing more
-        is fetched, decided batches are not published, and reconciliation rolls the index back so that they
-        are fetched again from the committed offsets.
+        The index may then run up to ``_BATCHES_IN_FLIGHT`` batches ahead of Kafka, which reconciliation undoes
+        like one. Verdicts go to Kafka only under the batch lock after a rebalance check: after a rebalance,
+        nothing more is fetched, decided batches are not published, and reconciliation (once every batch in
+        flight is decided) rolls the index back so that they are fetched again from the committed offsets.
         """
-        deciding: deque[tuple[_Prepared, asyncio.Task[Verdicts]]] = deque()
-        ahead: _Prepared | None = None  # fetched, and signed meanwhile, while the decision process is full
+        in_flight: deque[tuple[_Prepared, asyncio.Task[asyncio.Task[Verdicts]]]] = deque()
+
+        def enqueue(records: Sequence[ConsumerRecord]) -> None:
+            previous = in_flight[-1][1] if in_flight else None
+            prepared = self._prepare(records)
+            in_flight.append((prepared, asyncio.create_task(self._submitted_after(previous, prepared))))
+
         try:
-            while deciding or not self._stopping.is_set():
-                if not deciding:
+            while in_flight or not self._stopping.is_set():
+                if not in_flight:
                     records = await consumer.batch()
                     # aiokafka may hand out records of a new assignment before the rebalance listener ran:
                     # nothing is processed until the index is reconciled with exactly the current assignment.
@@ -295,30 +303,40 @@ class DedupService(Lifecycle):
                     if self._split or not records:
                         await self._settle()  # nothing else to do: finish the open transaction now
                         continue
-                    prepared = self._prepare(records)
-                    deciding.append((prepared, await self._submit_decision(prepared)))
+                    enqueue(records)
                     continue
-                if not self._stopping.is_set() and not self._rebalanced(consumer):
-                    if ahead is None:
-                        following = await consumer.batch(wait=False)
-                        ahead = self._prepare(following) if following else None
-                    if ahead is not None and len(deciding) < _BATCHES_IN_DECISION:
-                        deciding.append((ahead, await self._submit_decision(ahead)))
-                        ahead = None
-                        continue
-                prepared, decision = deciding.popleft()
-                verdicts = await decision
+                while (
+                    len(in_flight) < _BATCHES_IN_FLIGHT
+                    and not self._stopping.is_set()
+                    and not self._rebalanced(consumer)
+                    and (following := await consumer.batch(wait=False))
+                ):
+                    enqueue(following)
+                prepared, submission = in_flight[0]
+                verdicts = await (await submission)
+                in_flight.popleft()
                 async with self._batch_lock:
                     if self._rebalanced(consumer):
-                        ahead = None
                         continue
                     decided = self._decided(prepared, verdicts)
                     await self._settle()
                     self._in_flight = asyncio.create_task(self._publish(decided, consumer, producer))
         finally:
             # Decided but not published: reconciliation undoes them. Their own failures are not this one's.
-            await asyncio.gather(*(decision for _, decision in deciding), return_exceptions=True)
+            submissions = await asyncio.gather(*(submission for _, submission in in_flight), return_exceptions=True)
+            decisions = [decision for decision in submissions if isinstance(decision, asyncio.Task)]
+            await asyncio.gather(*decisions, return_exceptions=True)
             await self._settle()
+
+    async def _submitted_after(
+        self, previous: asyncio.Task[asyncio.Task[Verdicts]] | None, prepared: _Prepared
+    ) -> asyncio.Task[Verdicts]:
+        """Queue ``prepared`` in the decision process once it is signed and ``previous`` (the batch fetched
+        before it) is queued there: the index sees the batches in the order fetched. A batch behind one that
+        failed to be queued fails with it."""
+        if previous is not None:
+            await previous
+        return await self._submit_decision(prepared)
 
     def _rebalanced(self, consumer: BatchConsumer) -> bool:
         """Whether the assignment changed since the index was last reconciled with Kafka."""

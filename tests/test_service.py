@@ -234,6 +234,35 @@ async def test_novel_duplicates_and_dead_letters_end_to_end(
     assert await committed_offset(kafka_bootstrap, settings.kafka.group_id, topics.input) == len(stream)
 
 
+async def test_a_batch_signed_after_the_next_one_is_still_decided_before_it(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    # Two records a batch, two signing workers in turn: the first batch's ~800 kB text keeps its worker busy
+    # long after the other has signed the second batch, whose first record copies the first batch's story.
+    # Decided in the order signed, the copy would be published and the original dropped.
+    rng = random.Random(7)
+    long_text = " ".join(f"w{rng.randrange(10**6)}" for _ in range(100_000))
+    story = "a ferry ran aground off the northern coast this morning and all passengers were rescued"
+    stream = [
+        OutRecord(json.dumps({"text": long_text}).encode(), key=b"long"),
+        OutRecord(json.dumps({"text": story}).encode(), key=b"original"),
+        OutRecord(json.dumps({"text": story}).encode(), key=b"copy"),
+        OutRecord(json.dumps({"text": "the city council votes on the new cycling lanes next week"}).encode(), key=b"other"),
+    ]
+    await kafka_produce(topics.input, stream)
+    settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=2))
+    assert settings.dedup.workers == 2
+
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, len(stream)), 60, "the stream to be processed")
+
+    output = await kafka_consume(topics.output, count=3)
+    assert [r.key for r in output] == [b"long", b"original", b"other"]
+    (duplicate,) = await kafka_consume(topics.duplicates, count=1)
+    assert duplicate.key == b"copy"
+    assert header(duplicate, HEADER_MATCH_ID).decode() == f"{topics.input}-0-1"
+
+
 async def test_an_index_behind_kafka_is_replayed_and_nothing_is_republished(
     kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
 ) -> None:
