@@ -55,7 +55,7 @@ _INDEX_STATS_INTERVAL_SECONDS = 5.0
 # Fetched batches not yet handed to their Kafka transaction: one waiting for its verdicts, the next ones signed
 # and queued in the decision process as soon as they are signed, so neither the decision process nor the
 # signing workers wait for this process's turn.
-_BATCHES_IN_FLIGHT = 4
+_UNPUBLISHED_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -277,21 +277,21 @@ class DedupService(Lifecycle):
         so waiting for one batch's verdicts holds up neither signing nor deciding. The decision process goes
         from one batch to the next without waiting for this process. Transactions stay one at a time, in order.
 
-        The index may then run up to ``_BATCHES_IN_FLIGHT`` batches ahead of Kafka, which reconciliation undoes
+        The index may then run up to ``_UNPUBLISHED_BATCHES`` batches ahead of Kafka, which reconciliation undoes
         like one. Verdicts go to Kafka only under the batch lock after a rebalance check: after a rebalance,
-        nothing more is fetched, decided batches are not published, and reconciliation (once every batch in
-        flight is decided) rolls the index back so that they are fetched again from the committed offsets.
+        nothing more is fetched, decided batches are not published, and reconciliation (once every batch
+        fetched is decided) rolls the index back so that they are fetched again from the committed offsets.
         """
-        in_flight: deque[tuple[_Prepared, asyncio.Task[asyncio.Task[Verdicts]]]] = deque()
+        unpublished: deque[tuple[_Prepared, asyncio.Task[asyncio.Task[Verdicts]]]] = deque()
 
         def enqueue(records: Sequence[ConsumerRecord]) -> None:
-            previous = in_flight[-1][1] if in_flight else None
+            previous = unpublished[-1][1] if unpublished else None
             prepared = self._prepare(records)
-            in_flight.append((prepared, asyncio.create_task(self._submitted_after(previous, prepared))))
+            unpublished.append((prepared, asyncio.create_task(self._submitted_after(previous, prepared))))
 
         try:
-            while in_flight or not self._stopping.is_set():
-                if not in_flight:
+            while unpublished or not self._stopping.is_set():
+                if not unpublished:
                     records = await consumer.batch()
                     # aiokafka may hand out records of a new assignment before the rebalance listener ran:
                     # nothing is processed until the index is reconciled with exactly the current assignment.
@@ -306,15 +306,15 @@ class DedupService(Lifecycle):
                     enqueue(records)
                     continue
                 while (
-                    len(in_flight) < _BATCHES_IN_FLIGHT
+                    len(unpublished) < _UNPUBLISHED_BATCHES
                     and not self._stopping.is_set()
                     and not self._rebalanced(consumer)
                     and (following := await consumer.batch(wait=False))
                 ):
                     enqueue(following)
-                prepared, submission = in_flight[0]
+                prepared, submission = unpublished[0]
                 verdicts = await (await submission)
-                in_flight.popleft()
+                unpublished.popleft()
                 async with self._batch_lock:
                     if self._rebalanced(consumer):
                         continue
@@ -323,7 +323,7 @@ class DedupService(Lifecycle):
                     self._in_flight = asyncio.create_task(self._publish(decided, consumer, producer))
         finally:
             # Decided but not published: reconciliation undoes them. Their own failures are not this one's.
-            submissions = await asyncio.gather(*(submission for _, submission in in_flight), return_exceptions=True)
+            submissions = await asyncio.gather(*(submission for _, submission in unpublished), return_exceptions=True)
             decisions = [decision for decision in submissions if isinstance(decision, asyncio.Task)]
             await asyncio.gather(*decisions, return_exceptions=True)
             await self._settle()
