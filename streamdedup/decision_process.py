@@ -55,10 +55,9 @@ class _DecisionCore:
     def rollback(self, offsets: Mapping[tuple[str, int], int]) -> int:
         return self.index.rollback(offsets)
 
-    def maintain(self, clock: float | None = None) -> tuple[int, dict[str, int]]:
-        """Expire entries past max_age before the event time ``clock`` (None: the index's own clock); the
-        index's usage."""
-        return self.index.expire(clock), self.index.usage()
+    def maintain(self) -> tuple[int, dict[str, int]]:
+        """Expire entries past max_age by the index's own clock; the index's usage."""
+        return self.index.expire(), self.index.usage()
 
     def close(self) -> None:
         self.index.close()
@@ -155,10 +154,9 @@ class DecisionProcess(Lifecycle):
         removed: int = await self._call("rollback", dict(offsets))
         return removed
 
-    async def maintain(self, clock: float | None = None) -> tuple[int, dict[str, int]]:
-        """Expiry by event time up to ``clock`` (None: the index's own), then the index's usage
-        (``SegmentIndex.usage``)."""
-        result: tuple[int, dict[str, int]] = await self._call("maintain", clock)
+    async def maintain(self) -> tuple[int, dict[str, int]]:
+        """Expiry by the index's own clock (event time), then the index's usage (``SegmentIndex.usage``)."""
+        result: tuple[int, dict[str, int]] = await self._call("maintain")
         return result
 
     async def _call(self, method: str, *args: Any) -> Any:

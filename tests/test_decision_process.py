@@ -70,7 +70,7 @@ async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(tmp_path: 
         assert await process.source_offsets() == {("in", 0): 3000}
         # Rolling back to offset 2000 removes exactly what the last batch kept.
         assert await process.rollback({("in", 0): 2000}) == sum(novel for novel, *_ in expected[2000:])
-        expired, usage = await process.maintain(None)
+        expired, usage = await process.maintain()
         assert expired == 0 and usage["entries"] == kept_before_last
         assert 0 < usage["disk_bytes"] <= usage["map_size"]
         assert await process.source_offsets() == {("in", 0): 2000}
