@@ -2,7 +2,7 @@
 
 ``configure_logging(settings)`` installs one handler on the root logger. Every secret of the settings
 (each ``SecretStr``/``SecretBytes`` value) is masked in the final line, whatever put it there: a message,
-an argument, an extra field or a traceback.
+an argument, an extra field or a traceback, spelled as itself or escaped in a repr or a JSON string.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ _STANDARD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", 
 class _Redacting(logging.Formatter):
     def __init__(self, secrets: Iterable[str] = (), **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        spellings = {spelling for secret in secrets if secret for spelling in _spellings(secret)}
         # Longest first, so a secret containing another is masked whole.
-        self._secrets = sorted({secret for secret in secrets if secret}, key=len, reverse=True)
+        self._secrets = sorted(spellings, key=len, reverse=True)
 
     def format(self, record: logging.LogRecord) -> str:
         line = self.render(record)
@@ -103,6 +104,13 @@ def _walk_secrets(value: object) -> Iterator[str]:
     elif isinstance(value, list | tuple):
         for item in value:
             yield from _walk_secrets(item)
+
+
+def _spellings(secret: str) -> set[str]:
+    """How a secret can appear in a line: as itself, escaped in a str or bytes repr (aiokafka logs the bytes of
+    a SASL PLAIN request at DEBUG), and each of those escaped again in a JSON string."""
+    forms = {secret, repr(secret)[1:-1], repr(secret.encode("utf-8", "surrogatepass"))[2:-1]}
+    return forms | {json.dumps(form, ensure_ascii=False)[1:-1] for form in forms}
 
 
 def _extras(record: logging.LogRecord) -> list[tuple[str, Any]]:

@@ -177,6 +177,7 @@ class DedupService(Lifecycle):
         if workers:
             self._signers = SignerPool(self.settings.fingerprint, self.settings.dedup, workers, self._decisions.plan)
             await asyncio.gather(*map(asyncio.wrap_future, self._signers.warm_up()))
+            log.info("%d signing workers ready", workers, extra={"pids": self._signers.pids})
 
     async def _stop_signers(self) -> None:
         signers, self._signers = self._signers, None

@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
+# --- Logging: every test leaves the root logger as it found it -------------------------------------------
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logger() -> Iterator[None]:
+    """The CLI's ``configure_logging`` replaces the root handlers with one on the standard error of the moment,
+    which is pytest's capture of that test; a later test logging through it would write to a closed file."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 # --- Kafka: one real broker per session, topic/produce/consume factories (Kafka helper) -------------------
 import asyncio
 import functools
 import os
+import secrets
+import socket
+import subprocess
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
@@ -151,6 +171,133 @@ def kafka_consume(kafka_bootstrap: str) -> Consume:
 
 
 # --- end of the Kafka section -----------------------------------------------------------------------------
+
+
+# --- Kafka behind TLS and SASL: a second local broker whose client listeners want credentials ---------------
+SECURED_USER = "svc"
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+@dataclass(frozen=True)
+class SecuredKafka:
+    """Addresses and credentials of the secured broker. ``plaintext`` is its open listener, for set-up and for
+    reading results back; ``sasl_ssl`` takes every SASL mechanism over TLS, ``ssl`` wants a client certificate.
+    ``passwords`` holds the password of ``SECURED_USER`` for each mechanism; ``other_ca`` signed nothing the
+    broker holds."""
+
+    plaintext: str
+    sasl_ssl: str
+    ssl: str
+    ca: Path
+    other_ca: Path
+    client_cert: Path
+    client_key: Path
+    passwords: dict[str, str]
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+def _certificate_authority(directory: Path, name: str) -> tuple[Path, Path]:
+    cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}", "-keyout", key, "-out", cert)
+    return cert, key
+
+
+def _signed(directory: Path, name: str, authority: tuple[Path, Path], extensions: str | None = None) -> tuple[Path, Path]:
+    cert, key, request = directory / f"{name}.pem", directory / f"{name}-key.pem", directory / f"{name}.csr"
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", key, "-out", request)
+    signing = ["x509", "-req", "-in", request, "-CA", authority[0], "-CAkey", authority[1], "-CAcreateserial", "-days", "2"]
+    if extensions is not None:
+        (directory / f"{name}.ext").write_text(extensions + "\n")
+        signing += ["-extfile", directory / f"{name}.ext"]
+    _openssl(*signing, "-out", cert)
+    return cert, key
+
+
+def _properties_text(text: str) -> str:
+    """Java reads a properties file as ISO-8859-1: every other character goes in as UTF-16 ``\\u`` escapes."""
+    escaped = []
+    for char in text:
+        if char.isascii():
+            escaped.append(char)
+            continue
+        units = char.encode("utf-16-be")
+        escaped += [f"\\u{int.from_bytes(units[i : i + 2], 'big'):04x}" for i in range(0, len(units), 2)]
+    return "".join(escaped)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
+    """A local broker with SASL_SSL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) and mutual-TLS listeners, always
+    local: it needs listeners of its own. Certificates come from openssl, the SCRAM users from the storage
+    format, the PLAIN user from the listener's JAAS line."""
+    work = tmp_path_factory.mktemp("secured-kafka")
+    tls = work / "tls"
+    tls.mkdir()
+    authority = _certificate_authority(tls, "streamdedup-test-ca")
+    other_ca, _ = _certificate_authority(tls, "some-other-ca")
+    server_cert, server_key = _signed(tls, "localhost", authority, "subjectAltName=IP:127.0.0.1,DNS:localhost")
+    client_cert, client_key = _signed(tls, "streamdedup-client", authority)
+    keystore = tls / "server-keystore.pem"
+    keystore.write_text(server_key.read_text() + server_cert.read_text())
+    passwords = {mechanism: secrets.token_urlsafe(16) for mechanism in SASL_MECHANISMS}
+    # Non-ASCII: aiokafka logs a PLAIN request's bytes at DEBUG, where such a password shows escaped.
+    passwords["PLAIN"] += "-grüße"
+    sasl_port, ssl_port = _free_port(), _free_port()
+    listeners = (
+        "PLAINTEXT://127.0.0.1:@BROKER_PORT@,CONTROLLER://127.0.0.1:@CONTROLLER_PORT@,"
+        f"SASL_SSL://127.0.0.1:{sasl_port},SSL://127.0.0.1:{ssl_port}"
+    )
+    jaas = {
+        "plain": f'org.apache.kafka.common.security.plain.PlainLoginModule required user_{SECURED_USER}="{passwords["PLAIN"]}";',
+        "scram-sha-256": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "scram-sha-512": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+    }
+    config = work / "secured.properties"
+    lines = [
+        f"listeners={listeners}",
+        f"advertised.listeners={listeners}",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL",
+        f"sasl.enabled.mechanisms={','.join(SASL_MECHANISMS)}",
+        *(f"listener.name.sasl_ssl.{mechanism}.sasl.jaas.config={line}" for mechanism, line in jaas.items()),
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={keystore}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={authority[0]}",
+        "listener.name.ssl.ssl.client.auth=required",
+    ]
+    config.write_text(_properties_text("\n".join(lines)) + "\n")
+    scram = [
+        argument
+        for mechanism in SASL_MECHANISMS[1:]
+        for argument in ("--add-scram", f"{mechanism}=[name={SECURED_USER},password={passwords[mechanism]}]")
+    ]
+    broker = LocalBroker(work / "state", extra_config=config, format_args=scram)
+    plaintext = broker.start()
+    try:
+        yield SecuredKafka(
+            plaintext=plaintext,
+            sasl_ssl=f"127.0.0.1:{sasl_port}",
+            ssl=f"127.0.0.1:{ssl_port}",
+            ca=authority[0],
+            other_ca=other_ca,
+            client_cert=client_cert,
+            client_key=client_key,
+            passwords=passwords,
+        )
+    finally:
+        broker.stop()
+
+
+# --- end of the secured Kafka section -----------------------------------------------------------------------
 
 
 # --- Processes: what /proc says of a process (worker tests) -------------------------------------------------

@@ -6,22 +6,11 @@ import io
 import json
 import logging
 import sys
-from collections.abc import Iterator
 
-import pytest
 from pydantic import SecretStr
 
 from streamdedup.logs import MASK, JsonFormatter, TextFormatter, configure_logging, secret_values
 from streamdedup.settings import Section, Settings
-
-
-@pytest.fixture
-def restore_root_logger() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def record(message: str, *args: object, level: int = logging.INFO, **extra: object) -> logging.LogRecord:
@@ -73,7 +62,7 @@ def test_every_secret_of_the_settings_is_masked_wherever_it_appears() -> None:
         assert line.count(MASK) == 2
 
 
-def test_configure_logging_sets_level_and_format(restore_root_logger: None) -> None:
+def test_configure_logging_sets_level_and_format() -> None:
     stream = io.StringIO()
     configure_logging(Settings(logging={"level": "warning", "format": "json"}), stream)
     logging.getLogger("streamdedup.test").info("hidden")
@@ -81,3 +70,16 @@ def test_configure_logging_sets_level_and_format(restore_root_logger: None) -> N
     lines = stream.getvalue().splitlines()
     assert [json.loads(line)["message"] for line in lines] == ["shown"]
     assert json.loads(lines[0])["lag"] == 12
+
+
+def test_a_secret_escaped_in_a_bytes_repr_or_a_json_string_is_masked_too() -> None:
+    # aiokafka logs a SASL PLAIN request's bytes at DEBUG: a non-ASCII password shows as escapes there.
+    password = 'grüße-"quoted"-\\-it\'s'
+    request_bytes = b"\x00svc\x00" + password.encode()
+    messages = [f"SaslAuthenticateRequest_v1(sasl_auth_bytes={request_bytes!r})", f"plain {password}", f"in a tuple {(password,)!r}"]
+    fragments = ["grüße", "gr\\xc3\\xbc", "gr\\\\xc3\\\\xbc", "quoted"]
+    for formatter in (JsonFormatter([password]), TextFormatter([password])):
+        for message in messages:
+            line = formatter.format(record("%s", message))
+            assert MASK in line
+            assert not [fragment for fragment in fragments if fragment in line], (message, line)

@@ -1,5 +1,5 @@
-"""The Kafka service against the real broker and a real LMDB index: end to end, dead letters, signals,
-a second instance, kill -9 crash loops and a broker outage (the last two marked slow)."""
+"""The Kafka service against the real broker and a real LMDB index: end to end (also over SASL and TLS), dead
+letters, signals, a second instance, kill -9 crash loops and a broker outage (the last two marked slow)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import ConsumerRecord
 
 from streamdedup.decide import Deduplicator
@@ -43,7 +44,9 @@ from streamdedup.offline import open_index
 from streamdedup.service import DedupService
 from streamdedup.settings import Settings, load_settings
 from tests.conftest import (
+    SECURED_USER,
     OutRecord,
+    SecuredKafka,
     consume_records,
     plant_decision_bug,
     process_running,
@@ -234,6 +237,105 @@ async def test_novel_duplicates_and_dead_letters_end_to_end(
     assert await committed_offset(kafka_bootstrap, settings.kafka.group_id, topics.input) == len(stream)
 
 
+async def test_input_compressed_with_every_kafka_codec_is_read(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    # Producers commonly compress; a topic's compression.type makes the broker store its batches that way.
+    codecs = ["gzip", "snappy", "lz4", "zstd"]
+    inputs = [f"in-{codec}-{uuid.uuid4().hex[:8]}" for codec in codecs]
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(name, 1, 1, topic_configs={"compression.type": codec}) for name, codec in zip(inputs, codecs)]
+        )
+        await ensure_topics(admin, {name: 1 for name in inputs})
+    finally:
+        await admin.close()
+    texts = [
+        "harbour cranes unload grain ships before the autumn storms arrive",
+        "a violinist rehearses scales in an empty concert hall at dawn",
+        "volunteers count migrating cranes along the frozen river delta",
+        "the bakery on fifth street sells out of rye bread by noon daily",
+    ]
+    stories = {codec: json.dumps({"text": text}).encode() for codec, text in zip(codecs, texts)}
+    for name, codec in zip(inputs, codecs):
+        await kafka_produce(name, [stories[codec], stories[codec]])
+    settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index", input_topics=inputs))
+
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, 2 * len(codecs)), 60, "every compressed input to be read")
+
+    output = await kafka_consume(topics.output, count=len(codecs))
+    assert sorted(r.value for r in output) == sorted(stories.values())
+    assert sorted(header(r, HEADER_MATCH_ID).decode() for r in await kafka_consume(topics.duplicates, count=len(codecs))) == sorted(
+        f"{name}-0-0" for name in inputs
+    )
+
+
+async def secured_topics(secured: SecuredKafka) -> Topics:
+    """Topics on the secured broker, created through its open listener."""
+    unique = uuid.uuid4().hex[:8]
+    topics = Topics(f"in-{unique}", f"out-{unique}", f"dup-{unique}", f"dlq-{unique}")
+    admin = AIOKafkaAdminClient(bootstrap_servers=secured.plaintext)
+    await admin.start()
+    try:
+        await ensure_topics(admin, {name: 1 for name in vars(topics).values()})
+    finally:
+        await admin.close()
+    return topics
+
+
+def scram_security(secured: SecuredKafka, password: str) -> dict[str, Any]:
+    return {
+        "protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_username": SECURED_USER,
+        "sasl_password": password,
+        "ssl_cafile": str(secured.ca),
+    }
+
+
+async def test_the_service_publishes_exactly_once_over_sasl_and_tls(secured_kafka: SecuredKafka, tmp_path: Path) -> None:
+    topics = await secured_topics(secured_kafka)
+    base = "a story that reaches the secured cluster twice and is published only once over tls"
+    stream = [json.dumps({"text": text}).encode() for text in (base, "a different story about trains", base)]
+    await produce_records(secured_kafka.plaintext, topics.input, stream)
+    security = scram_security(secured_kafka, secured_kafka.passwords["SCRAM-SHA-512"])
+    settings = load_settings(None, **overrides(secured_kafka.sasl_ssl, topics, tmp_path / "index", security=security))
+
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, len(stream)), 60, "the stream to be processed over SASL_SSL")
+
+    output = await consume_records(secured_kafka.plaintext, topics.output, count=2)
+    assert [r.value for r in output] == stream[:2]
+    duplicates = await consume_records(secured_kafka.plaintext, topics.duplicates, count=1)
+    assert [(r.value, header(r, HEADER_MATCH_ID)) for r in duplicates] == [(stream[2], f"{topics.input}-0-0".encode())]
+    assert await committed_offset(secured_kafka.plaintext, settings.kafka.group_id, topics.input) == len(stream)
+
+
+async def test_a_service_refused_by_the_broker_retries_and_is_not_ready(secured_kafka: SecuredKafka, tmp_path: Path) -> None:
+    topics = await secured_topics(secured_kafka)
+    await produce_records(secured_kafka.plaintext, topics.input, [json.dumps({"text": "waiting for credentials"}).encode()])
+    security = scram_security(secured_kafka, "not-the-password")
+    refused = overrides(secured_kafka.sasl_ssl, topics, tmp_path / "index", security=security, retry_backoff_seconds=0.2)
+    settings = load_settings(None, **{**refused, "metrics": {"enabled": True, "host": "127.0.0.1", "port": 0}})
+
+    async with DedupService(settings) as service:
+        await asyncio.sleep(3)
+        assert service.running
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{service.health_port}/readyz") as response:
+                assert response.status == 503
+                assert (await response.json())["checks"] == {
+                    "partitions_assigned": False,
+                    "index_open": True,
+                    "producer_ready": False,
+                }
+        assert service.stats.consumed == 0
+    assert await committed_offset(secured_kafka.plaintext, settings.kafka.group_id, topics.input) == 0
+
+
 async def test_a_batch_signed_after_the_next_one_is_still_decided_before_it(
     kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
 ) -> None:
@@ -417,25 +519,37 @@ async def test_a_document_that_breaks_the_decision_core_passes_unjudged_and_the_
 # ---------------------------------------------------------------------------------------------- processes
 
 
-def start_service(config: Path, log_path: Path) -> subprocess.Popen[bytes]:
+def start_service(config: Path, log_path: Path, *, own_group: bool = False) -> subprocess.Popen[bytes]:
+    """``streamdedup run``; ``own_group`` puts it (and the workers it spawns) in a process group of its own."""
     with log_path.open("ab") as log:  # the child keeps its own descriptor
-        return subprocess.Popen([str(STREAMDEDUP), "--config", str(config), "run"], stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [str(STREAMDEDUP), "--config", str(config), "run"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=own_group,
+        )
 
 
-async def test_sigterm_finishes_the_batch_commits_and_closes_the_index(
-    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+@pytest.mark.parametrize("stop", ["SIGTERM to the service", "SIGINT to its process group (Ctrl-C)"])
+async def test_sigterm_or_ctrl_c_finishes_the_batch_commits_and_closes_the_index(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path, stop: str
 ) -> None:
     stream = synthetic_stream(3000, seed=7)
     await kafka_produce(topics.input, stream)
     config_dict = overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=50)
     config = write_config(tmp_path / "config.yaml", config_dict)
     group = config_dict["kafka"]["group_id"]
-    process = start_service(config, tmp_path / "service.log")
+    ctrl_c = stop.startswith("SIGINT")
+    process = start_service(config, tmp_path / "service.log", own_group=ctrl_c)
     try:
         await wait_for(
             lambda: _progress(kafka_bootstrap, group, topics.input, 200), 60, "the service to commit some batches"
         )
-        process.send_signal(signal.SIGTERM)
+        if ctrl_c:
+            # A terminal sends Ctrl-C to every process of the group, the worker processes too.
+            os.killpg(process.pid, signal.SIGINT)
+        else:
+            process.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(process.wait, 30) == 0
     finally:
         process.kill()
@@ -636,14 +750,17 @@ async def test_killed_worker_processes_are_replaced_with_the_same_result(
     group = config_dict["kafka"]["group_id"]
     workers = load_settings(config).dedup.workers
     rng = random.Random(7)
-    process = start_service(config, tmp_path / "service.log")
+    log_path = tmp_path / "service.log"
+    process = start_service(config, log_path)
     killed = []
     try:
         for kill in range(kills):
             target = (kill + 1) * total // (kills + 2)
             await wait_for(lambda: _progress(kafka_bootstrap, group, topics.input, target), 120, f"progress to {target}")
+            # Batches go on (the decision core signs them) while a killed signer's pool is replaced; kill again
+            # only once every worker is back and the new signers are ready (not while they import).
+            await wait_for(lambda: _workers_back(process.pid, workers + 1, log_path), 60, "the workers to be back")
             children = worker_children(process.pid)
-            assert len(children) == workers + 1, children  # the signing workers and the decision process
             victim = rng.choice(children)
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)
@@ -653,11 +770,18 @@ async def test_killed_worker_processes_are_replaced_with_the_same_result(
     finally:
         process.send_signal(signal.SIGTERM)
         await asyncio.to_thread(process.wait, 30)
-    log = (tmp_path / "service.log").read_text(errors="replace")
+    log = log_path.read_text(errors="replace")
     assert "died" in log
     settings = load_settings(config)
     expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=500)
     assert_same_output(await kafka_consume(topics.output, timeout=120), expected)
+
+
+async def _workers_back(pid: int, expected: int, log_path: Path) -> bool:
+    """All of the service's worker processes run and every signer pool started after a death is ready."""
+    log = log_path.read_text(errors="replace")
+    replaced = log.count("a signing worker died")
+    return len(worker_children(pid)) == expected and log.count("signing workers ready") == replaced + 1
 
 
 async def test_workers_die_with_a_killed_service(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:

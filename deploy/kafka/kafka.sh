@@ -14,6 +14,10 @@
 #   KAFKA_CACHE_DIR    jar cache (default: ${XDG_CACHE_HOME:-$HOME/.cache}/streamdedup/kafka-<version>)
 #   KAFKA_HEAP_OPTS    JVM heap (default: -Xms256m -Xmx768m)
 #   KAFKA_START_TIMEOUT, KAFKA_STOP_TIMEOUT   seconds (default 120, 30)
+#   KAFKA_EXTRA_CONFIG  a properties file appended to the rendered server.properties, placeholders and all
+#                       (a key set there overrides the template's), e.g. listeners with TLS and SASL
+#   KAFKA_FORMAT_ARGS   more arguments for the first storage format, split at blanks (no quoting), e.g.
+#                       --add-scram SCRAM-SHA-512=[name=svc,password=secret]
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -117,8 +121,14 @@ render_config() {
             die "port $port (recorded in $STATE_DIR) is taken by another process; stop it or remove $STATE_DIR"
         fi
     done
+    local sources=("$HERE/server.properties.template")
+    if [[ -n "${KAFKA_EXTRA_CONFIG:-}" ]]; then
+        [[ -f "$KAFKA_EXTRA_CONFIG" ]] || die "KAFKA_EXTRA_CONFIG: no file $KAFKA_EXTRA_CONFIG"
+        # Java properties: a key read again later wins, so the appended keys override the template's.
+        sources+=("$KAFKA_EXTRA_CONFIG")
+    fi
     sed -e "s|@BROKER_PORT@|$broker_port|g" -e "s|@CONTROLLER_PORT@|$controller_port|g" \
-        -e "s|@LOG_DIR@|$STATE_DIR/data|g" "$HERE/server.properties.template" >"$STATE_DIR/server.properties"
+        -e "s|@LOG_DIR@|$STATE_DIR/data|g" "${sources[@]}" >"$STATE_DIR/server.properties"
 }
 
 java_opts() {
@@ -141,8 +151,10 @@ start() {
     if [[ ! -f "$STATE_DIR/data/meta.properties" ]]; then
         local cluster_id
         cluster_id="$(java -cp "$LIBS/*" $(java_opts) kafka.tools.StorageTool random-uuid)"
+        local format_args=()
+        read -r -a format_args <<<"${KAFKA_FORMAT_ARGS:-}"
         java -cp "$LIBS/*" $(java_opts) kafka.tools.StorageTool format --standalone \
-            -t "$cluster_id" -c "$STATE_DIR/server.properties" >"$STATE_DIR/logs/format.out" 2>&1 \
+            -t "$cluster_id" -c "$STATE_DIR/server.properties" "${format_args[@]}" >"$STATE_DIR/logs/format.out" 2>&1 \
             || { cat "$STATE_DIR/logs/format.out" >&2; die "formatting storage failed"; }
     fi
     local started_marker

@@ -58,7 +58,7 @@ from .keys import TableKeys, first_copies, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
 from .staged import StagedRows
 from .table import BIG_ENDIAN_U64 as _U64
-from .table import DuplicateRows, PackedBuckets, TableLayout, int_bytes, rows_in, table_class
+from .table import DuplicateRows, PackedBuckets, TableLayout, rows_in, table_class
 
 __all__ = ["STORAGE_ERRORS", "EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex", "planned"]
 

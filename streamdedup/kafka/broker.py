@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["KAFKA_SCRIPT", "BrokerError", "LocalBroker"]
@@ -19,12 +20,26 @@ class LocalBroker:
     """One broker with its own state directory (config, data, logs, pid, ports).
 
     ``start()`` is idempotent and returns the bootstrap address; ports are kept across stop/start of the same
-    state directory, so clients can reconnect to the same address after an outage.
+    state directory, so clients can reconnect to the same address after an outage. ``extra_config`` is a
+    properties file appended to the broker's (more listeners, TLS, SASL; the template's ``@BROKER_PORT@``,
+    ``@CONTROLLER_PORT@`` and ``@LOG_DIR@`` work there too) and ``format_args`` go to the first storage format
+    (SCRAM users: ``--add-scram``).
     """
 
-    def __init__(self, state_dir: str | Path, *, script: Path = KAFKA_SCRIPT) -> None:
+    def __init__(
+        self,
+        state_dir: str | Path,
+        *,
+        script: Path = KAFKA_SCRIPT,
+        extra_config: Path | None = None,
+        format_args: Sequence[str] = (),
+    ) -> None:
+        if any(arg.split() != [arg] for arg in format_args):
+            raise ValueError(f"format arguments must be non-empty and without blanks, got {list(format_args)}")
         self.state_dir = Path(state_dir).resolve()
         self.script = script
+        self.extra_config = extra_config
+        self.format_args = tuple(format_args)
 
     def fetch(self) -> None:
         self._run("fetch", timeout=900)
@@ -53,7 +68,12 @@ class LocalBroker:
     def _invoke(self, command: str, *, timeout: float) -> subprocess.CompletedProcess[str]:
         if not self.script.is_file():
             raise BrokerError(f"{self.script} not found: the local broker needs a source checkout of streamdedup")
-        env = {**os.environ, "KAFKA_STATE_DIR": str(self.state_dir)}
+        env = {
+            **os.environ,
+            "KAFKA_STATE_DIR": str(self.state_dir),
+            "KAFKA_EXTRA_CONFIG": "" if self.extra_config is None else str(Path(self.extra_config).resolve()),
+            "KAFKA_FORMAT_ARGS": " ".join(self.format_args),
+        }
         return subprocess.run(
             [str(self.script), command], env=env, capture_output=True, text=True, timeout=timeout, check=False
         )

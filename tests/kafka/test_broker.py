@@ -41,3 +41,11 @@ def test_local_broker_start_stop_are_idempotent_and_keep_address_and_data(tmp_pa
     finally:
         broker.stop()
     assert not broker.running()
+
+
+@pytest.mark.parametrize("argument", ["", "--add-scram SCRAM-SHA-256=[name=a,password=b]", "two\twords"])
+def test_format_arguments_with_blanks_are_refused_before_anything_starts(tmp_path: Path, argument: str) -> None:
+    # The script splits KAFKA_FORMAT_ARGS at blanks: an argument holding one would arrive as two.
+    with pytest.raises(ValueError, match="without blanks"):
+        LocalBroker(tmp_path / "kafka", format_args=["--add-scram", argument])
+    assert not (tmp_path / "kafka").exists()
