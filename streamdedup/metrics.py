@@ -33,6 +33,7 @@ __all__ = [
     "DROP_REASONS",
     "DURATION_BUCKETS",
     "TRANSACTION_RESULTS",
+    "WORKER_KINDS",
     "PartitionLag",
     "ServiceMetrics",
     "Stage",
@@ -45,6 +46,8 @@ NAMESPACE = METRIC_PREFIX.rstrip("_")
 
 DROP_REASONS = ("exact", "near")
 TRANSACTION_RESULTS = ("committed", "aborted")
+# The service's worker processes: the signing workers and the decision process.
+WORKER_KINDS = ("signer", "decision")
 
 # From half a millisecond (one small LMDB lookup) to half a minute (a produce stuck behind a broker outage).
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -222,6 +225,12 @@ class ServiceMetrics:
         self.assigned_partitions = Gauge("assigned_partitions", "Input partitions assigned to this consumer.", **common)
         self.rebalances = Counter("rebalances", "Consumer group rebalances seen (partition assignments).", **common)
         self.transactions = Counter("transactions", "Kafka transactions by result.", ["result"], **common)
+        self.worker_deaths = Counter(
+            "worker_deaths",
+            "Worker processes that died (killed, out of memory, or while starting); each is replaced.",
+            ["worker"],
+            **common,
+        )
         self.last_commit_timestamp = Gauge(
             "last_commit_timestamp_seconds", "Unix time of the last committed Kafka transaction.", **common
         )
@@ -237,6 +246,8 @@ class ServiceMetrics:
             self.messages_dead_lettered.labels(reason=reason)
         for result in TRANSACTION_RESULTS:
             self.transactions.labels(result=result)
+        for kind in WORKER_KINDS:
+            self.worker_deaths.labels(worker=kind)
         for topic in input_topics:
             self.messages_consumed.labels(topic=topic)
         for topic in output_topics:
@@ -312,6 +323,11 @@ class ServiceMetrics:
             self.consumer_lag_records.remove(topic, str(partition))
             self.consumer_lag_seconds.remove(topic, str(partition))
         self._lag_partitions &= set(partitions)
+
+    def record_worker_death(self, kind: str) -> None:
+        """A worker process of ``kind`` (one of ``WORKER_KINDS``) died."""
+        _check_known("worker kind", {kind: 1}, WORKER_KINDS)
+        self.worker_deaths.labels(worker=kind).inc()
 
     def record_lag(self, lags: Mapping[tuple[str, int], PartitionLag]) -> None:
         """Set the lag of each ``(topic, partition)``; partitions not named keep their last value."""

@@ -56,6 +56,11 @@ _INDEX_STATS_INTERVAL_SECONDS = 5.0
 # and queued in the decision process as soon as they are signed, so neither the decision process nor the
 # signing workers wait for this process's turn.
 _UNPUBLISHED_BATCHES = 4
+# New signing workers after a death: at once after a pool that lived this long, else after a pause that doubles
+# up to its maximum (a pool that keeps dying, or a host that refuses processes, is not hammered).
+_SIGNERS_HEALTHY_SECONDS = 60.0
+_SIGNERS_RETRY_SECONDS = 1.0
+_SIGNERS_RETRY_MAX_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,9 @@ class DedupService(Lifecycle):
         self._decoder = DocumentDecoder(settings.input)
         self._decisions = DecisionProcess(settings)
         self._signers: SignerPool | None = None
+        self._signers_started = 0.0
+        self._signers_pause = 0.0
+        self._respawning: asyncio.Task[None] | None = None
         self._health: HealthServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -168,6 +176,10 @@ class DedupService(Lifecycle):
             if self._health is not None:
                 await self._health.stop()
                 self._health = None
+            respawning, self._respawning = self._respawning, None
+            if respawning is not None:
+                respawning.cancel()
+                await asyncio.gather(respawning, return_exceptions=True)
             await self._stop_signers()
             await self._decisions.stop()
 
@@ -175,7 +187,16 @@ class DedupService(Lifecycle):
         """Spawn the signing workers and wait until they can sign (a first batch would wait for that)."""
         workers = self.settings.dedup.workers
         if workers:
-            self._signers = SignerPool(self.settings.fingerprint, self.settings.dedup, workers, self._decisions.plan)
+            loop = asyncio.get_running_loop()
+            self._signers = SignerPool(
+                self.settings.fingerprint,
+                self.settings.dedup,
+                workers,
+                self._decisions.plan,
+                # Replaced the moment one dies, not when a batch finds it gone: the stream may be idle.
+                on_death=lambda pool: loop.call_soon_threadsafe(self._signers_died, pool),
+            )
+            self._signers_started = time.monotonic()
             await asyncio.gather(*map(asyncio.wrap_future, self._signers.warm_up()))
             log.info("%d signing workers ready", workers, extra={"pids": self._signers.pids})
 
@@ -186,24 +207,49 @@ class DedupService(Lifecycle):
 
     async def _signatures(self, prepared: _Prepared) -> Signatures | None:
         """The workers' signatures of a batch; None (the decision core signs it) without workers or when one
-        died (new workers then start for the next batches, once per broken pool)."""
+        died."""
         if prepared.signing is None:
             return None
         try:
             return await asyncio.wrap_future(prepared.signing)
         except WorkerDied:
-            if prepared.signers is self._signers:
-                await self._replace_signers()
+            if prepared.signers is not None:
+                self._signers_died(prepared.signers)
             return None
 
-    async def _replace_signers(self) -> None:
-        log.error("a signing worker died; the decision core signs this batch, new workers start")
-        await self._stop_signers()
+    def _signers_died(self, signers: SignerPool) -> None:
+        """A worker of ``signers`` died: the decision core signs the batches until new workers are ready. Once
+        per broken pool (its batches fail too, and its other workers may die with it)."""
+        if signers is not self._signers:
+            return
+        self._signers = None
+        self.metrics.record_worker_death("signer")
+        log.error("a signing worker died; the decision core signs the batches until new workers are ready")
+        if time.monotonic() - self._signers_started > _SIGNERS_HEALTHY_SECONDS:
+            self._signers_pause = 0.0
+        self._respawn_signers(signers)
+
+    def _respawn_signers(self, dead: SignerPool | None) -> None:
+        """Start new signing workers in the background: at once after a pool that lived, else after a pause."""
+        pause = self._signers_pause
+        self._signers_pause = min(max(2 * pause, _SIGNERS_RETRY_SECONDS), _SIGNERS_RETRY_MAX_SECONDS)
+        log.info("new signing workers start in %.0f s", pause)
+        self._respawning = asyncio.create_task(self._new_signers(dead, pause), name="streamdedup-signers")
+
+    async def _new_signers(self, dead: SignerPool | None, pause: float) -> None:
+        if dead is not None:
+            await asyncio.to_thread(dead.stop)  # its other workers finish the batches they hold
+        await self._sleep_unless_stopping(pause)
+        if self._stopping.is_set():
+            return
         try:
             await self._start_signers()
-        except WorkerDied:
-            log.error("new signing workers died at once; the decision core signs every batch from now on")
-            await self._stop_signers()
+        except Exception as exc:  # a worker that died starting, or a host that refuses new processes
+            log.error("new signing workers did not start: %r", exc)
+            if self._signers is not None:
+                self._signers_died(self._signers)
+            elif self._respawning is asyncio.current_task():  # no pool was made, so none of its batches failed
+                self._respawn_signers(None)
 
     @property
     def running(self) -> bool:
@@ -242,6 +288,7 @@ class DedupService(Lifecycle):
             except DecisionProcessDied as exc:
                 # LMDB kept every batch the worker committed; the new session reconciles them with Kafka.
                 log.error("%s; starting a new one", exc)
+                self.metrics.record_worker_death("decision")
                 await self._decisions.stop()
                 await self._decisions.start()
         log.info("stopped", extra={"consumed": self.stats.consumed, "published": self.stats.published})

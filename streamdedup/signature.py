@@ -8,6 +8,7 @@ previous batch. Both give the same :class:`Signatures` for the same texts and se
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -122,17 +123,31 @@ def _sign(signer: Signer, texts: list[str]) -> Signatures:
 class SignerPool:
     """Worker processes (:class:`~streamdedup.workers.WorkerProcess`) that sign batches, so signing one batch
     overlaps deciding the previous one. Batches go to the workers in turn; each worker's are signed in order.
-    A dead worker fails the futures of its batches with :class:`~streamdedup.workers.WorkerDied`.
-    ``stop`` is idempotent and waits for the workers to exit."""
+    A dead worker fails the futures of its batches with :class:`~streamdedup.workers.WorkerDied`, and
+    ``on_death(pool)`` is called (from a helper thread) as it dies. ``stop`` is idempotent and waits for the
+    workers to exit."""
 
     def __init__(
-        self, fingerprint: FingerprintSettings, policy: DedupSettings, workers: int, plan: IndexPlan | None = None
+        self,
+        fingerprint: FingerprintSettings,
+        policy: DedupSettings,
+        workers: int,
+        plan: IndexPlan | None = None,
+        *,
+        on_death: Callable[[SignerPool], None] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.workers = workers
+        died = None if on_death is None else functools.partial(on_death, self)
         self._processes = [
-            WorkerProcess(Signer, (fingerprint, policy, plan), name=f"streamdedup-signer-{n}", niceness=SIGNER_NICENESS)
+            WorkerProcess(
+                Signer,
+                (fingerprint, policy, plan),
+                name=f"streamdedup-signer-{n}",
+                niceness=SIGNER_NICENESS,
+                on_death=died,
+            )
             for n in range(workers)
         ]
         self._turn = 0

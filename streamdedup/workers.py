@@ -48,11 +48,19 @@ class WorkerProcess:
     PR_SET_PDEATHSIG), so none goes on writing after a successor started. The death signal follows the thread
     that spawned the worker: create it from a long-lived thread. ``niceness`` is added to the worker's
     (``os.nice``): a helper with work queued ahead can yield the cores to the process it feeds. ``stop`` is
-    idempotent: the worker finishes the calls already submitted and exits.
+    idempotent: the worker finishes the calls already submitted and exits. ``on_death`` is called, from a
+    helper thread, the moment the worker ends without being stopped (killed, out of memory, failed to start),
+    so that its owner can replace it before another call finds it gone.
     """
 
     def __init__(
-        self, initializer: Callable[..., Any], initargs: tuple[Any, ...] = (), *, name: str, niceness: int = 0
+        self,
+        initializer: Callable[..., Any],
+        initargs: tuple[Any, ...] = (),
+        *,
+        name: str,
+        niceness: int = 0,
+        on_death: Callable[[], None] | None = None,
     ) -> None:
         context = multiprocessing.get_context("spawn")
         calls_reader, self._calls = context.Pipe(duplex=False)
@@ -71,6 +79,7 @@ class WorkerProcess:
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._stopped = False
         self._gone = False
+        self._on_death = on_death
         self._startup_error: BaseException | None = None
         self._sender = threading.Thread(target=self._send_calls, name=f"{name}-sender", daemon=True)
         self._receiver = threading.Thread(target=self._receive_replies, name=f"{name}-receiver", daemon=True)
@@ -128,6 +137,9 @@ class WorkerProcess:
             pending, self._pending = self._pending, deque()
             for future in pending:
                 future.set_exception(self._death())
+            stopped = self._stopped
+        if not stopped and self._on_death is not None:
+            self._on_death()
 
     def _death(self) -> BaseException:
         """What a call fails with once the worker is gone: the initializer's error, once, then WorkerDied."""

@@ -22,6 +22,7 @@ from streamdedup.index import SegmentIndex
 from streamdedup.metrics import (
     DROP_REASONS,
     TRANSACTION_RESULTS,
+    WORKER_KINDS,
     PartitionLag,
     ServiceMetrics,
     Stage,
@@ -51,6 +52,7 @@ EXPECTED_FAMILIES = {
     "streamdedup_assigned_partitions": ("gauge", set()),
     "streamdedup_rebalances": ("counter", set()),
     "streamdedup_transactions": ("counter", {"result"}),
+    "streamdedup_worker_deaths": ("counter", {"worker"}),
     "streamdedup_last_commit_timestamp_seconds": ("gauge", set()),
     "streamdedup_build": ("info", {"version", "aiokafka_version"}),
 }
@@ -99,6 +101,8 @@ def test_labels_stay_low_cardinality_before_any_traffic() -> None:
     assert dropped == set(DROP_REASONS)
     results = {s.labels["result"] for s in families(metrics)["streamdedup_transactions"].samples}
     assert results == set(TRANSACTION_RESULTS)
+    workers = {s.labels["worker"] for s in families(metrics)["streamdedup_worker_deaths"].samples}
+    assert workers == set(WORKER_KINDS)
     # Pre-created at zero so rate() has a series from the first scrape.
     assert value(metrics, "streamdedup_messages_dead_lettered_total", reason="not_utf8") == 0.0
     assert value(metrics, "streamdedup_messages_consumed_total", topic="b") == 0.0
@@ -245,6 +249,15 @@ def test_rebalance_drops_lag_series_of_revoked_partitions() -> None:
     assert value(metrics, "streamdedup_consumer_lag_records", topic="in", partition="1") == 0
 
 
+def test_worker_deaths_are_counted_by_kind() -> None:
+    metrics = ServiceMetrics()
+    metrics.record_worker_death("signer")
+    metrics.record_worker_death("signer")
+    metrics.record_worker_death("decision")
+    assert value(metrics, "streamdedup_worker_deaths_total", worker="signer") == 2
+    assert value(metrics, "streamdedup_worker_deaths_total", worker="decision") == 1
+
+
 def test_build_info_names_both_versions() -> None:
     metrics = ServiceMetrics()
     assert (
@@ -263,6 +276,8 @@ def test_bad_reports_are_refused_with_a_clear_error() -> None:
         metrics.record_dead_lettered({"unreadable": 1})
     with pytest.raises(ValueError, match="unknown transaction result"):
         metrics.record_transaction("maybe")
+    with pytest.raises(ValueError, match="unknown worker kind"):
+        metrics.record_worker_death("helper")
     with pytest.raises(ValueError, match="negative"):
         metrics.match_distance.observe_many([1, -2])
     assert value(metrics, "streamdedup_messages_consumed_total", topic="in") is None

@@ -4,7 +4,9 @@ letters, signals, a second instance, kill -9 crash loops and a broker outage (th
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import logging
 import os
 import random
 import shutil
@@ -14,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,9 @@ from streamdedup.names import (
     HEADER_SOURCE_TOPIC,
 )
 from streamdedup.offline import open_index
+from streamdedup import service as service_module
 from streamdedup.service import DedupService
+from streamdedup.signature import SignerPool, Signatures
 from streamdedup.settings import Settings, load_settings
 from tests.conftest import (
     SECURED_USER,
@@ -744,26 +749,29 @@ async def test_killed_worker_processes_are_replaced_with_the_same_result(
 ) -> None:
     total, kills = 20_000, 6
     stream = synthetic_stream(total, seed=23, bad_every=1999)
-    await kafka_produce(topics.input, stream)
+    chunk = total // (kills + 2)
     config_dict = overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=200)
     config = write_config(tmp_path / "config.yaml", config_dict)
     group = config_dict["kafka"]["group_id"]
     workers = load_settings(config).dedup.workers
     rng = random.Random(7)
     log_path = tmp_path / "service.log"
+    await kafka_produce(topics.input, stream[:chunk])
     process = start_service(config, log_path)
     killed = []
     try:
         for kill in range(kills):
-            target = (kill + 1) * total // (kills + 2)
-            await wait_for(lambda: _progress(kafka_bootstrap, group, topics.input, target), 120, f"progress to {target}")
-            # Batches go on (the decision core signs them) while a killed signer's pool is replaced; kill again
-            # only once every worker is back and the new signers are ready (not while they import).
+            produced = (kill + 1) * chunk
+            await wait_for(lambda: _progress(kafka_bootstrap, group, topics.input, produced), 120, f"progress to {produced}")
+            # The next chunk lets a decision process killed after its last batch be found dead (a dead signer is
+            # replaced at once). Kill again only once every worker is back and new signers are ready.
+            await kafka_produce(topics.input, stream[produced : produced + chunk])
             await wait_for(lambda: _workers_back(process.pid, workers + 1, log_path), 60, "the workers to be back")
             children = worker_children(process.pid)
             victim = rng.choice(children)
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)
+        await kafka_produce(topics.input, stream[(kills + 1) * chunk :])
         await wait_for(lambda: _progress(kafka_bootstrap, group, topics.input, total), 240, "the stream to finish")
         assert process.poll() is None, "the service must outlive its workers"
         assert not set(killed) & set(worker_children(process.pid))
@@ -782,6 +790,68 @@ async def _workers_back(pid: int, expected: int, log_path: Path) -> bool:
     log = log_path.read_text(errors="replace")
     replaced = log.count("a signing worker died")
     return len(worker_children(pid)) == expected and log.count("signing workers ready") == replaced + 1
+
+
+async def test_a_dead_signing_worker_is_replaced_and_a_refused_start_is_retried_after_a_pause(
+    kafka_bootstrap: str,
+    topics: Topics,
+    kafka_produce: Any,
+    kafka_consume: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    constructed: list[float] = []
+    pools: list[CountingSignerPool] = []
+
+    class CountingSignerPool(SignerPool):
+        """Real workers that count the texts they are given; the second and third pools are refused, as by a
+        host that has run out of processes."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            constructed.append(time.monotonic())
+            if len(constructed) in (2, 3):
+                raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+            super().__init__(*args, **kwargs)
+            self.texts = 0
+            pools.append(self)
+
+        def submit(self, texts: Sequence[str]) -> Future[Signatures]:
+            self.texts += len(texts)
+            return super().submit(texts)
+
+    monkeypatch.setattr(service_module, "SignerPool", CountingSignerPool)
+    caplog.set_level(logging.INFO, logger=service_module.__name__)
+    stream = synthetic_stream(3000, seed=31)
+    settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=100))
+
+    def logged(text: str) -> int:
+        return sum(text in record.getMessage() for record in caplog.records)
+
+    async with DedupService(settings) as service:
+        await kafka_produce(topics.input, stream[:1000])
+        await wait_for(lambda: _consumed(service, 1000), 60, "the first thousand")
+        os.kill(pools[0].pids[0], signal.SIGKILL)
+        # The decision process signs the batches while new workers are refused twice.
+        await kafka_produce(topics.input, stream[1000:2000])
+        await wait_for(lambda: _consumed(service, 2000), 60, "the second thousand")
+        await wait_for(lambda: _async_true(logged("signing workers ready") == 2), 30, "new signing workers")
+        texts_before = pools[1].texts
+        await kafka_produce(topics.input, stream[2000:])
+        await wait_for(lambda: _consumed(service, 3000), 60, "the last thousand")
+        deaths = {
+            kind: service.metrics.registry.get_sample_value("streamdedup_worker_deaths_total", {"worker": kind})
+            for kind in ("signer", "decision")
+        }
+
+    assert len(constructed) == 4 and len(pools) == 2
+    # Refused right after the death, then after a pause of one second and one of two.
+    assert constructed[2] - constructed[1] >= 1.0 and constructed[3] - constructed[2] >= 2.0
+    assert logged("new signing workers did not start") == 2
+    assert deaths == {"signer": 1.0, "decision": 0.0}
+    assert pools[1].texts - texts_before == 1000  # every text after the new workers were ready went to them
+    expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=100)
+    assert_same_output(await kafka_consume(topics.output, timeout=60), expected)
 
 
 async def test_workers_die_with_a_killed_service(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:

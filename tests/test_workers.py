@@ -125,6 +125,23 @@ def test_the_initializers_error_reaches_the_first_call() -> None:
         worker.stop()
 
 
+def test_a_killed_worker_reports_its_death_once_and_a_stopped_one_does_not() -> None:
+    deaths: list[str] = []
+    killed = WorkerProcess(Counter, (0,), name="test-killed", on_death=lambda: deaths.append("killed"))
+    stopped = WorkerProcess(Counter, (0,), name="test-stopped", on_death=lambda: deaths.append("stopped"))
+    try:
+        assert killed.call(add, 1) == 1 and stopped.call(add, 2) == 2
+        assert killed.pid is not None
+        os.kill(killed.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not deaths and time.monotonic() < deadline:  # no call is made: the death alone is reported
+            time.sleep(0.05)
+    finally:
+        stopped.stop()
+        killed.stop()
+    assert deaths == ["killed"]
+
+
 def test_a_worker_killed_while_sending_its_reply_fails_the_call_instead_of_hanging(tmp_path: Path) -> None:
     worker = WorkerProcess(Counter, (0,), name="test-big")
     marker = tmp_path / "replying"

@@ -55,7 +55,7 @@ def test_the_unit_tests_cover_every_alert() -> None:
     assert tested == fired == quiet == names
 
 
-def test_the_issue_asks_for_these_alerts() -> None:
+def test_the_issue_asks_for_these_alerts_and_the_workers_one() -> None:
     expressions = {rule["alert"]: rule["expr"] for rule in alert_rules()}
     assert set(expressions) == {
         "StreamdedupDown",
@@ -63,12 +63,14 @@ def test_the_issue_asks_for_these_alerts() -> None:
         "StreamdedupDeadLetterRate",
         "StreamdedupNoCommit",
         "StreamdedupIndexMapNearlyFull",
+        "StreamdedupWorkersDying",
     }
     assert "up{" in expressions["StreamdedupDown"]
     assert "streamdedup_consumer_lag_records" in expressions["StreamdedupConsumerLagGrowing"]
     assert "streamdedup_messages_dead_lettered_total" in expressions["StreamdedupDeadLetterRate"]
     assert "streamdedup_last_commit_timestamp_seconds" in expressions["StreamdedupNoCommit"]
     assert "streamdedup_index_capacity_bytes" in expressions["StreamdedupIndexMapNearlyFull"]
+    assert "streamdedup_worker_deaths_total" in expressions["StreamdedupWorkersDying"]
 
 
 def test_alerts_use_only_exported_series_and_labels() -> None:
