@@ -65,13 +65,12 @@ _SIGNERS_RETRY_MAX_SECONDS = 60.0
 
 @dataclass(frozen=True)
 class _Prepared:
-    """A fetched batch, decoded, its texts handed to the ``signers`` (``signing`` None: sign in-thread)."""
+    """A fetched batch, decoded, its texts handed to the signing workers (``signing`` None: sign in-thread)."""
 
     records: Sequence[ConsumerRecord]
     decoded: list[Document | DeadLetter]
     documents: list[Document]
     next_offsets: dict[TopicPartition, int]
-    signers: SignerPool | None
     signing: Future[Signatures] | None
     started: float
 
@@ -185,20 +184,26 @@ class DedupService(Lifecycle):
 
     async def _start_signers(self) -> None:
         """Spawn the signing workers and wait until they can sign (a first batch would wait for that)."""
-        workers = self.settings.dedup.workers
-        if workers:
-            loop = asyncio.get_running_loop()
-            self._signers = SignerPool(
-                self.settings.fingerprint,
-                self.settings.dedup,
-                workers,
-                self._decisions.plan,
-                # Replaced the moment one dies, not when a batch finds it gone: the stream may be idle.
-                on_death=lambda pool: loop.call_soon_threadsafe(self._signers_died, pool),
-            )
-            self._signers_started = time.monotonic()
-            await asyncio.gather(*map(asyncio.wrap_future, self._signers.warm_up()))
-            log.info("%d signing workers ready", workers, extra={"pids": self._signers.pids})
+        if self.settings.dedup.workers:
+            await self._warm_up(self._spawn_signers())
+
+    def _spawn_signers(self) -> SignerPool:
+        loop = asyncio.get_running_loop()
+        self._signers = SignerPool(
+            self.settings.fingerprint,
+            self.settings.dedup,
+            self.settings.dedup.workers,
+            self._decisions.plan,
+            # Every death of one of its workers, found the moment it happens (the stream may be idle), and only
+            # there: a batch whose worker died is signed by the decision core and reports nothing.
+            on_death=lambda pool: loop.call_soon_threadsafe(self._signers_died, pool),
+        )
+        self._signers_started = time.monotonic()
+        return self._signers
+
+    async def _warm_up(self, signers: SignerPool) -> None:
+        await asyncio.gather(*map(asyncio.wrap_future, signers.warm_up()))
+        log.info("%d signing workers ready", signers.workers, extra={"pids": signers.pids})
 
     async def _stop_signers(self) -> None:
         signers, self._signers = self._signers, None
@@ -213,13 +218,11 @@ class DedupService(Lifecycle):
         try:
             return await asyncio.wrap_future(prepared.signing)
         except WorkerDied:
-            if prepared.signers is not None:
-                self._signers_died(prepared.signers)
             return None
 
     def _signers_died(self, signers: SignerPool) -> None:
         """A worker of ``signers`` died: the decision core signs the batches until new workers are ready. Once
-        per broken pool (its batches fail too, and its other workers may die with it)."""
+        per broken pool (its other workers may die with it)."""
         if signers is not self._signers:
             return
         self._signers = None
@@ -243,13 +246,15 @@ class DedupService(Lifecycle):
         if self._stopping.is_set():
             return
         try:
-            await self._start_signers()
-        except Exception as exc:  # a worker that died starting, or a host that refuses new processes
+            signers = self._spawn_signers()
+        except Exception as exc:  # a host that refuses new processes
+            log.error("new signing workers did not start (not spawned): %r", exc)
+            self._respawn_signers(None)
+            return
+        try:
+            await self._warm_up(signers)
+        except Exception as exc:  # a worker that died starting: its on_death replaces the pool
             log.error("new signing workers did not start: %r", exc)
-            if self._signers is not None:
-                self._signers_died(self._signers)
-            elif self._respawning is asyncio.current_task():  # no pool was made, so none of its batches failed
-                self._respawn_signers(None)
 
     @property
     def running(self) -> bool:
@@ -516,7 +521,7 @@ class DedupService(Lifecycle):
         next_offsets = {TopicPartition(*partition): offset + 1 for partition, offset in last_offsets.items()}
         signers = self._signers
         signing = None if signers is None else signers.submit([doc.text for doc in documents])
-        return _Prepared(records, decoded, documents, next_offsets, signers, signing, started)
+        return _Prepared(records, decoded, documents, next_offsets, signing, started)
 
     def _decided(self, prepared: _Prepared, verdicts: Verdicts) -> _Decided:
         """What to publish for a decided batch; nothing goes to Kafka here."""
