@@ -86,10 +86,21 @@ class DecisionProcess(Lifecycle):
 
     @property
     def open(self) -> bool:
-        return self._worker is not None or self._core is not None
+        """Whether the index is open where the decisions run: False the moment its worker process dies."""
+        return self._core is not None or (self._worker is not None and self._worker.alive)
+
+    @property
+    def died(self) -> bool:
+        """Started, and its worker process has died since (``stop()`` and ``start()`` replace it)."""
+        return self._worker is not None and not self._worker.alive
+
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id (None without one)."""
+        return self._worker.pid if self._worker is not None else None
 
     async def start(self) -> None:
-        if self.open:
+        if self._worker is not None or self._core is not None:
             return
         if self.settings.dedup.workers == 0:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="streamdedup-decisions")

@@ -355,6 +355,9 @@ class DedupService(Lifecycle):
                         continue
                     if self._split or not records:
                         await self._settle()  # nothing else to do: finish the open transaction now
+                        if self._decisions.died:
+                            # Found between polls, not at the next batch: an idle stream gets a new one too.
+                            raise DecisionProcessDied("the decision process died while the input was idle")
                         continue
                     enqueue(records)
                     continue

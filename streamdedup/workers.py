@@ -90,6 +90,11 @@ class WorkerProcess:
     def pid(self) -> int | None:
         return self._process.pid
 
+    @property
+    def alive(self) -> bool:
+        """False once the worker has ended (stopped, killed, or failed to start)."""
+        return not (self._gone or self._stopped)
+
     def submit(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
         # Pickled here, so an argument that cannot be pickled fails this call alone, in the caller.
         message = bytes(ForkingPickler.dumps((function, args)))

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from streamdedup.decide import Deduplicator
-from streamdedup.decision_process import DecisionProcess
+from streamdedup.decision_process import DecisionProcess, DecisionProcessDied
 from streamdedup.document import Document
 from streamdedup.index.plan import PlanError
 from streamdedup.offline import open_index
@@ -89,3 +92,32 @@ async def test_an_index_that_cannot_open_fails_start_with_its_own_error(tmp_path
     with pytest.raises(PlanError, match="incompatible"):
         await process.start()
     assert not process.open
+
+
+async def test_a_killed_decision_process_reads_as_closed_at_once_and_a_restart_keeps_what_it_committed(
+    tmp_path: Path,
+) -> None:
+    process = DecisionProcess(configured(tmp_path, "index", 1))
+    first = batches()[0]
+    async with process:
+        verdicts, _ = await process.submit(first, source_offsets={("in", 0): 1000}, signatures=None)
+        assert process.open and not process.died
+        killed = process.pid
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while process.open and time.monotonic() < deadline:  # no call is made: the death alone shows
+            await asyncio.sleep(0.02)
+        assert not process.open and process.died
+        with pytest.raises(DecisionProcessDied, match="during source_offsets"):
+            await process.source_offsets()
+        await process.stop()
+        assert not process.died
+        await process.start()
+        assert process.open and process.pid not in (None, killed)
+        assert await process.source_offsets() == {("in", 0): 1000}
+        # Everything kept before the kill is still there: copies of the batch under new ids are all dropped.
+        copies = [Document(f"copy-{doc.id}", doc.text, doc.time, ("in", 0, 1000 + i)) for i, doc in enumerate(first)]
+        again, _ = await process.submit(copies, source_offsets={("in", 0): 2000}, signatures=None)
+    assert sum(verdicts.novel) > 500
+    assert not any(again.novel)

@@ -28,6 +28,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import ConsumerRecord
 
 from streamdedup.decide import Deduplicator
+from streamdedup.decision_process import DecisionProcess
 from streamdedup.document import Document, DocumentDecoder
 from streamdedup.kafka.admin import ensure_topics
 from streamdedup.kafka.broker import LocalBroker
@@ -763,8 +764,9 @@ async def test_killed_worker_processes_are_replaced_with_the_same_result(
         for kill in range(kills):
             produced = (kill + 1) * chunk
             await wait_for(lambda: _progress(kafka_bootstrap, group, topics.input, produced), 120, f"progress to {produced}")
-            # The next chunk lets a decision process killed after its last batch be found dead (a dead signer is
-            # replaced at once). Kill again only once every worker is back and new signers are ready.
+            # Fed in chunks, so that some kills land while the service works and some while it waits for input
+            # (a dead worker is replaced either way). Kill again only once every worker is back and new signers
+            # are ready.
             await kafka_produce(topics.input, stream[produced : produced + chunk])
             await wait_for(lambda: _workers_back(process.pid, workers + 1, log_path), 60, "the workers to be back")
             children = worker_children(process.pid)
@@ -839,10 +841,7 @@ async def test_a_dead_signing_worker_is_replaced_and_a_refused_start_is_retried_
         texts_before = pools[1].texts
         await kafka_produce(topics.input, stream[2000:])
         await wait_for(lambda: _consumed(service, 3000), 60, "the last thousand")
-        deaths = {
-            kind: service.metrics.registry.get_sample_value("streamdedup_worker_deaths_total", {"worker": kind})
-            for kind in ("signer", "decision")
-        }
+        deaths = _worker_deaths(service)
 
     assert len(constructed) == 4 and len(pools) == 2
     # Refused right after the death, then after a pause of one second and one of two.
@@ -852,6 +851,73 @@ async def test_a_dead_signing_worker_is_replaced_and_a_refused_start_is_retried_
     assert pools[1].texts - texts_before == 1000  # every text after the new workers were ready went to them
     expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=100)
     assert_same_output(await kafka_consume(topics.output, timeout=60), expected)
+
+
+async def test_a_decision_process_killed_while_the_input_is_idle_is_replaced_without_waiting_for_a_batch(
+    kafka_bootstrap: str,
+    topics: Topics,
+    kafka_produce: Any,
+    kafka_consume: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    processes: list[DecisionProcess] = []
+
+    class RecordedDecisionProcess(DecisionProcess):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            processes.append(self)
+
+    monkeypatch.setattr(service_module, "DecisionProcess", RecordedDecisionProcess)
+    caplog.set_level(logging.INFO, logger=service_module.__name__)
+    stream = synthetic_stream(2000, seed=37)
+    config = overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=100)
+    settings = load_settings(None, **{**config, "metrics": {"enabled": True, "host": "127.0.0.1", "port": 0}})
+    seen: list[bool] = []
+
+    async with DedupService(settings) as service, aiohttp.ClientSession() as session:
+
+        async def watch_readiness() -> None:
+            while True:
+                async with session.get(f"http://127.0.0.1:{service.health_port}/readyz") as response:
+                    seen.append((await response.json())["checks"]["index_open"])
+                await asyncio.sleep(0.02)
+
+        await kafka_produce(topics.input, stream[:1000])
+        await wait_for(lambda: _consumed(service, 1000), 60, "the first thousand")
+        [decisions] = processes
+        killed = decisions.pid
+        assert killed is not None
+        watcher = asyncio.create_task(watch_readiness())
+        try:
+            await wait_for(lambda: _async_true(bool(seen)), 10, "a first readiness check")
+            os.kill(killed, signal.SIGKILL)
+            # Nothing more is produced: the death is found between polls, not by the next batch.
+            await wait_for(lambda: _async_true(False in seen), 10, "the readiness check to report the index closed")
+            await wait_for(
+                lambda: _async_true(decisions.open and decisions.pid != killed and seen[-1]), 60, "a new decision process"
+            )
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        assert service.stats.consumed == 1000
+        await kafka_produce(topics.input, stream[1000:])
+        await wait_for(lambda: _consumed(service, 2000), 60, "the second thousand")
+        deaths = _worker_deaths(service)
+
+    assert seen[0] is True and seen.index(False) > 0 and seen[-1] is True
+    assert deaths == {"signer": 0.0, "decision": 1.0}
+    assert sum("died while the input was idle" in record.getMessage() for record in caplog.records) == 1
+    expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=100)
+    assert_same_output(await kafka_consume(topics.output, timeout=60), expected)
+
+
+def _worker_deaths(service: DedupService) -> dict[str, float | None]:
+    return {
+        kind: service.metrics.registry.get_sample_value("streamdedup_worker_deaths_total", {"worker": kind})
+        for kind in ("signer", "decision")
+    }
 
 
 async def test_workers_die_with_a_killed_service(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:

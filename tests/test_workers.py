@@ -136,10 +136,12 @@ def test_a_killed_worker_reports_its_death_once_and_a_stopped_one_does_not() -> 
         deadline = time.monotonic() + 30
         while not deaths and time.monotonic() < deadline:  # no call is made: the death alone is reported
             time.sleep(0.05)
+        assert not killed.alive and stopped.alive
     finally:
         stopped.stop()
         killed.stop()
     assert deaths == ["killed"]
+    assert not stopped.alive
 
 
 def test_a_worker_killed_while_sending_its_reply_fails_the_call_instead_of_hanging(tmp_path: Path) -> None:
