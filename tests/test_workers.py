@@ -37,6 +37,11 @@ def big_reply(state: Counter, marker: str, size: int) -> bytes:
     return reply
 
 
+def slow_add(state: Counter, amount: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return add(state, amount)
+
+
 def refuse(start: int) -> Counter:
     raise ValueError(f"cannot start at {start}")
 
@@ -123,6 +128,29 @@ def test_the_initializers_error_reaches_the_first_call() -> None:
             worker.call(add, 1)
     finally:
         worker.stop()
+
+
+def test_a_worker_ignores_sigint_and_sigterm_and_finishes_its_call() -> None:
+    # A Ctrl-C or a SIGTERM sent to the whole process group reaches the workers too: the parent decides when
+    # they stop, after the batch it is finishing.
+    deaths: list[int] = []
+    worker = WorkerProcess(Counter, (0,), name="test-signals", on_death=lambda: deaths.append(1))
+    try:
+        assert worker.call(add, 1) == 1  # serving: its signal dispositions are set
+        assert worker.pid is not None
+        busy = worker.submit(slow_add, 10, 1.0)
+        time.sleep(0.2)
+        os.kill(worker.pid, signal.SIGINT)
+        os.kill(worker.pid, signal.SIGTERM)
+        try:
+            assert busy.result(timeout=30) == 11
+        except KeyboardInterrupt:  # the worker's, sent back as the call's error: fail this test, not the run
+            pytest.fail("SIGINT interrupted the worker's call")
+        assert worker.call(add, 100) == 111
+        assert worker.alive
+    finally:
+        worker.stop()
+    assert deaths == []
 
 
 def test_a_killed_worker_reports_its_death_once_and_a_stopped_one_does_not() -> None:
