@@ -12,11 +12,11 @@ from importlib import resources
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 
 from .document import Document, DocumentDecoder
-from .kafka.admin import ensure_topics
+from .kafka.admin import admin_client, ensure_topics
 from .kafka.broker import LocalBroker
+from .kafka.clients import common_options
 from .kafka.consumer import committed_reader
 from .service import DedupService, ServiceStats
 from .settings import Settings
@@ -94,12 +94,8 @@ def _prepare(settings: Settings, bootstrap: str, feed_path: Path, work_dir: Path
 async def _demo(run: _Run) -> tuple[ServiceStats, int]:
     kafka = run.settings.kafka
     topic = kafka.input_topics[0]
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
-    await admin.start()
-    try:
+    async with admin_client(**common_options(kafka)) as admin:
         await ensure_topics(admin, {topic: 1})
-    finally:
-        await admin.close()
     async with DedupService(run.settings) as service:
         print(f"service up; metrics on http://127.0.0.1:{service.health_port}/metrics")
         print(f"feeding {len(run.lines)} records into {topic} ...", flush=True)

@@ -25,7 +25,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
@@ -34,7 +33,7 @@ from .decision_process import DecisionProcess, DecisionProcessDied
 from .fingerprint import fingerprint_hex
 from .document import DeadLetter, Document, DocumentDecoder
 from .health import HealthServer
-from .kafka.admin import ensure_topics
+from .kafka.admin import admin_client, ensure_topics
 from .kafka.clients import common_options
 from .kafka.consumer import BatchConsumer
 from .kafka.producer import TransactionalProducer
@@ -680,16 +679,12 @@ class DedupService(Lifecycle):
 
     async def _create_output_topics(self) -> None:
         kafka = self.settings.kafka
-        admin = AIOKafkaAdminClient(**common_options(kafka))
-        await admin.start()
-        try:
+        async with admin_client(**common_options(kafka)) as admin:
             await ensure_topics(
                 admin,
                 {topic: kafka.topic_partitions for topic in self._output_topics()},
                 replication_factor=kafka.topic_replication_factor,
             )
-        finally:
-            await admin.close()
 
     async def _sleep_unless_stopping(self, seconds: float) -> None:
         try:

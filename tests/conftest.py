@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
-from streamdedup.kafka.admin import ensure_topics, partition_counts
+from streamdedup.kafka.admin import admin_client, ensure_topics, partition_counts
 from streamdedup.kafka.broker import LocalBroker
 
 
@@ -73,22 +72,20 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 async def topic_factory(kafka_bootstrap: str) -> AsyncIterator[Callable[..., Awaitable[str]]]:
     """``await topic_factory(partitions=1, prefix="t")`` creates a topic with a unique name and returns it."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
     created: list[str] = []
+    async with admin_client(bootstrap_servers=kafka_bootstrap) as admin:
 
-    async def create(partitions: int = 1, *, prefix: str = "t") -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-        await ensure_topics(admin, {name: partitions})
-        created.append(name)
-        return name
+        async def create(partitions: int = 1, *, prefix: str = "t") -> str:
+            name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+            await ensure_topics(admin, {name: partitions})
+            created.append(name)
+            return name
 
-    try:
-        yield create
-    finally:
-        if created:
-            await admin.delete_topics(created)
-        await admin.close()
+        try:
+            yield create
+        finally:
+            if created:
+                await admin.delete_topics(created)
 
 
 async def produce_records(
@@ -130,12 +127,8 @@ async def consume_records(
     With ``count`` it waits until that many records arrived (TimeoutError otherwise); without, it reads up to
     the end offsets seen at the start.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
+    async with admin_client(bootstrap_servers=bootstrap) as admin:
         partition_count = (await partition_counts(admin, [topic]))[topic]
-    finally:
-        await admin.close()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level, enable_auto_commit=False)
     await consumer.start()
     try:

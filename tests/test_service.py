@@ -24,13 +24,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.structs import ConsumerRecord
 
 from streamdedup.decide import Deduplicator
 from streamdedup.decision_process import DecisionProcess
 from streamdedup.document import Document, DocumentDecoder
-from streamdedup.kafka.admin import ensure_topics
+from streamdedup.kafka.admin import admin_client, ensure_topics
 from streamdedup.kafka.broker import LocalBroker
 from streamdedup.fingerprint import fingerprint_hex
 from streamdedup.names import (
@@ -249,15 +249,11 @@ async def test_input_compressed_with_every_kafka_codec_is_read(
     # Producers commonly compress; a topic's compression.type makes the broker store its batches that way.
     codecs = ["gzip", "snappy", "lz4", "zstd"]
     inputs = [f"in-{codec}-{uuid.uuid4().hex[:8]}" for codec in codecs]
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
+    async with admin_client(bootstrap_servers=kafka_bootstrap) as admin:
         await admin.create_topics(
             [NewTopic(name, 1, 1, topic_configs={"compression.type": codec}) for name, codec in zip(inputs, codecs)]
         )
         await ensure_topics(admin, {name: 1 for name in inputs})
-    finally:
-        await admin.close()
     texts = [
         "harbour cranes unload grain ships before the autumn storms arrive",
         "a violinist rehearses scales in an empty concert hall at dawn",
@@ -283,12 +279,8 @@ async def secured_topics(secured: SecuredKafka) -> Topics:
     """Topics on the secured broker, created through its open listener."""
     unique = uuid.uuid4().hex[:8]
     topics = Topics(f"in-{unique}", f"out-{unique}", f"dup-{unique}", f"dlq-{unique}")
-    admin = AIOKafkaAdminClient(bootstrap_servers=secured.plaintext)
-    await admin.start()
-    try:
+    async with admin_client(bootstrap_servers=secured.plaintext) as admin:
         await ensure_topics(admin, {name: 1 for name in vars(topics).values()})
-    finally:
-        await admin.close()
     return topics
 
 
@@ -690,12 +682,8 @@ async def test_broker_down_for_30_seconds_mid_stream_recovers_with_the_same_resu
 async def _outage_run(bootstrap: str, broker: LocalBroker, tmp_path: Path) -> None:
     unique = uuid.uuid4().hex[:6]
     topics = Topics(f"in-{unique}", f"out-{unique}", f"dup-{unique}", f"dlq-{unique}")
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await ensure_topics(admin, {topics.input: 1, topics.output: 1, topics.duplicates: 1, topics.dead_letters: 1})
-    finally:
-        await admin.close()
+    async with admin_client(bootstrap_servers=bootstrap) as admin:
+        await ensure_topics(admin, {name: 1 for name in vars(topics).values()})
     total = 20_000
     stream = synthetic_stream(total, seed=5, bad_every=1499)
     await produce_records(bootstrap, topics.input, stream)

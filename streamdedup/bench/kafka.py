@@ -20,15 +20,13 @@ import random
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 
-from ..kafka.admin import ensure_topics
+from ..kafka.admin import admin_client, ensure_topics
 from ..kafka.broker import LocalBroker
 from ..kafka.consumer import committed_reader
 from ..metrics import Stage
@@ -308,26 +306,16 @@ async def _read_latencies(bootstrap: str, topic: str, out: list[float], stop: as
 # ---------------------------------------------------------------------------------------------- data
 
 
-@asynccontextmanager
-async def _admin(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        yield admin
-    finally:
-        await admin.close()
-
-
 async def _topics(bootstrap: str, prefix: str, *names: str) -> list[str]:
     topics = [f"{prefix}-{name}" for name in names]
-    async with _admin(bootstrap) as admin:
+    async with admin_client(bootstrap_servers=bootstrap) as admin:
         await ensure_topics(admin, dict.fromkeys(topics, 1))
     return topics
 
 
 async def _delete_topics(bootstrap: str, prefix: str) -> None:
     """Delete the run's topics, those the service created for it (dead letters) included."""
-    async with _admin(bootstrap) as admin:
+    async with admin_client(bootstrap_servers=bootstrap) as admin:
         doomed = [topic for topic in await admin.list_topics() if topic.startswith(f"{prefix}-")]
         if doomed:
             await admin.delete_topics(doomed)

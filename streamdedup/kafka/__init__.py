@@ -5,7 +5,7 @@ No hashing and no index here: the service composes these with the decision core.
 
 from __future__ import annotations
 
-from .admin import ensure_topics, partition_counts
+from .admin import admin_client, ensure_topics, partition_counts
 from .broker import KAFKA_SCRIPT, BrokerError, LocalBroker
 from .clients import common_options, security_options
 from .consumer import BatchConsumer, RebalanceHandler
@@ -20,6 +20,7 @@ __all__ = [
     "OutgoingRecord",
     "RebalanceHandler",
     "TransactionalProducer",
+    "admin_client",
     "common_options",
     "dead_letter",
     "duplicate",

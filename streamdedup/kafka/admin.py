@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-__all__ = ["ensure_topics", "partition_counts"]
+__all__ = ["admin_client", "ensure_topics", "partition_counts"]
+
+
+@asynccontextmanager
+async def admin_client(**options: Any) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started ``AIOKafkaAdminClient(**options)``, closed on leaving."""
+    admin = AIOKafkaAdminClient(**options)
+    await admin.start()
+    try:
+        yield admin
+    finally:
+        await admin.close()
 
 
 async def partition_counts(admin: AIOKafkaAdminClient, topics: Iterable[str]) -> dict[str, int]:

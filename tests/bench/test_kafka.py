@@ -4,19 +4,15 @@ import asyncio
 import re
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from streamdedup.bench.kafka import main
+from streamdedup.kafka.admin import admin_client
 from streamdedup.settings import Settings
 
 
 async def _topics(bootstrap: str) -> set[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
+    async with admin_client(bootstrap_servers=bootstrap) as admin:
         return set(await admin.list_topics())
-    finally:
-        await admin.close()
 
 
 def test_bench_reports_both_sides_and_deletes_its_topics(kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]):

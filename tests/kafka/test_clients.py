@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError
 
-from streamdedup.kafka.admin import ensure_topics
+from streamdedup.kafka.admin import admin_client, ensure_topics
 from streamdedup.kafka.clients import common_options, security_options
 from streamdedup.logs import configure_logging
 from streamdedup.settings import ConfigError, KafkaSecuritySettings, KafkaSettings, Settings, load_settings
@@ -119,12 +118,8 @@ def service_log() -> Iterator[Callable[[Settings], io.StringIO]]:
 async def round_trip(secured: SecuredKafka, kafka: KafkaSettings) -> list[bytes | None]:
     """Produce a record through ``kafka``'s listener and read it back through the same listener."""
     topic = f"secured-{uuid.uuid4().hex[:12]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=secured.plaintext)
-    await admin.start()
-    try:
+    async with admin_client(bootstrap_servers=secured.plaintext) as admin:
         await ensure_topics(admin, {topic: 1})
-    finally:
-        await admin.close()
     producer = AIOKafkaProducer(**common_options(kafka))
     await producer.start()
     try:
