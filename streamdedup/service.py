@@ -31,6 +31,7 @@ from aiokafka.structs import ConsumerRecord
 from .decide import BatchTimings, Verdict, Verdicts
 from .decision_process import DecisionProcess, DecisionProcessDied
 from .fingerprint import fingerprint_hex
+from .garbage import collecting_for_batches
 from .document import DeadLetter, Document, DocumentDecoder
 from .health import HealthServer
 from .kafka.admin import admin_client, ensure_topics
@@ -700,14 +701,15 @@ async def run_service(settings: Settings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, service.request_stop)
     try:
-        async with service:
-            log.info(
-                "deduplicating %s -> %s",
-                ", ".join(settings.kafka.input_topics),
-                settings.kafka.output_topic,
-                extra={"bootstrap_servers": settings.kafka.bootstrap_servers, "group_id": settings.kafka.group_id},
-            )
-            await service.wait()
+        with collecting_for_batches():
+            async with service:
+                log.info(
+                    "deduplicating %s -> %s",
+                    ", ".join(settings.kafka.input_topics),
+                    settings.kafka.output_topic,
+                    extra={"bootstrap_servers": settings.kafka.bootstrap_servers, "group_id": settings.kafka.group_id},
+                )
+                await service.wait()
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)

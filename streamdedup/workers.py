@@ -11,6 +11,7 @@ must survive that. Here only the worker holds its end of each pipe, so its death
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing
 import os
 import queue
@@ -23,6 +24,8 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
+
+from .garbage import BATCH_THRESHOLDS
 
 __all__ = ["WorkerDied", "WorkerProcess"]
 
@@ -182,6 +185,7 @@ def _serve(
             os._exit(1)
     if niceness:
         os.nice(niceness)
+    gc.set_threshold(*BATCH_THRESHOLDS)  # the process lives to serve batches
     try:
         state = initializer(*initargs)
     except BaseException as exc:

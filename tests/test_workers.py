@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from streamdedup.garbage import BATCH_THRESHOLDS
 from streamdedup.workers import WorkerDied, WorkerProcess
 from tests.conftest import process_running
 
@@ -40,6 +42,10 @@ def big_reply(state: Counter, marker: str, size: int) -> bytes:
 def slow_add(state: Counter, amount: int, seconds: float) -> int:
     time.sleep(seconds)
     return add(state, amount)
+
+
+def thresholds(state: Counter) -> tuple[int, int, int]:
+    return gc.get_threshold()
 
 
 def refuse(start: int) -> Counter:
@@ -90,6 +96,14 @@ def test_calls_submitted_without_waiting_queue_in_the_worker_and_resolve_in_orde
 
 def niceness(state: Counter) -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_a_worker_collects_garbage_at_batch_thresholds() -> None:
+    worker = WorkerProcess(Counter, (0,), name="test-gc")
+    try:
+        assert worker.call(thresholds) == BATCH_THRESHOLDS
+    finally:
+        worker.stop()
 
 
 def test_a_worker_runs_at_the_niceness_asked_above_its_parents() -> None:

@@ -26,10 +26,20 @@ def test_bench_reports_both_sides_and_deletes_its_topics(kafka_bootstrap: str, c
     assert passthrough > 0 and service > 0
     assert ratio == pytest.approx(service / passthrough, abs=0.006)
     # Each side's fastest of the rounds, all of which are printed.
-    rounds = re.findall(r"round \d: passthrough ([\d,]+) msg/s, streamdedup ([\d,]+) msg/s", out)
+    rounds = [
+        [float(group.replace(",", "")) for group in found]
+        for found in re.findall(
+            r"round \d: passthrough ([\d,]+) msg/s \(([\d,]+) at batch GC thresholds\), streamdedup ([\d,]+) msg/s", out
+        )
+    ]
     assert len(rounds) == 2, out
-    assert passthrough == max(float(p.replace(",", "")) for p, _ in rounds)
-    assert service == max(float(s.replace(",", "")) for _, s in rounds)
+    assert passthrough == max(p for p, _, _ in rounds)
+    assert service == max(s for _, _, s in rounds)
+    # The reference passthrough, at the service's garbage collector thresholds, and the ratio to it.
+    reference = re.search(r"batch GC thresholds ([\d,]+) msg/s; streamdedup / it ([\d.]+)", out)
+    assert reference, out
+    tuned, tuned_ratio = float(reference.group(1).replace(",", "")), float(reference.group(2))
+    assert tuned == max(t for _, t, _ in rounds) and tuned_ratio == pytest.approx(service / tuned, abs=0.006)
     assert re.search(r"latency p99 \(ms\)\s+\d+\.\d\s+\d+\.\d", out), out
     leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
     assert leftover == set()
