@@ -32,6 +32,7 @@ from streamdedup.decision_process import DecisionProcess
 from streamdedup.document import Document, DocumentDecoder
 from streamdedup.kafka.admin import admin_client, ensure_topics
 from streamdedup.kafka.broker import LocalBroker
+from streamdedup.metrics import WORKER_KINDS
 from streamdedup.fingerprint import fingerprint_hex
 from streamdedup.names import (
     HEADER_DEAD_LETTER_DETAIL,
@@ -904,7 +905,7 @@ async def test_a_decision_process_killed_while_the_input_is_idle_is_replaced_wit
 def _worker_deaths(service: DedupService) -> dict[str, float | None]:
     return {
         kind: service.metrics.registry.get_sample_value("streamdedup_worker_deaths_total", {"worker": kind})
-        for kind in ("signer", "decision")
+        for kind in WORKER_KINDS
     }
 
 

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -74,7 +75,7 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
             (input_topic,) = await _topics(bootstrap, prefix, "input")
             await _produce(bootstrap, input_topic, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
 
-            rounds = []
+            rounds: list[_Round] = []
             for number in range(1, args.rounds + 1):
                 pass_out, tuned_out, svc_out = await _topics(
                     bootstrap, prefix, f"passthrough-out-{number}", f"tuned-out-{number}", f"service-out-{number}"
@@ -87,7 +88,7 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
                 service, stages = await _service_throughput(
                     settings, bootstrap, input_topic, svc_out, args.messages, work / f"index-{number}"
                 )
-                rounds.append((passthrough, tuned, service, stages))
+                rounds.append(_Round(passthrough, tuned, service, stages))
                 print(f"round {number}: passthrough {passthrough:,.0f} msg/s ({tuned:,.0f} at batch GC thresholds), "
                       f"streamdedup {service:,.0f} msg/s, ratio {service / passthrough:.2f}", flush=True)
 
@@ -105,15 +106,17 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
     finally:
         await _delete_topics(bootstrap, prefix)
 
-    passthrough = max(p for p, _, _, _ in rounds)
-    tuned = max(t for _, t, _, _ in rounds)
-    _, _, service, stages = max(rounds, key=lambda result: result[2])
+    passthrough = max(each.passthrough for each in rounds)
+    tuned = max(each.tuned for each in rounds)
+    fastest = max(rounds, key=lambda each: each.service)
+    service, stages = fastest.service, fastest.stages
+    ratios = [each.service / each.passthrough for each in rounds]
     print()
     print(f"{'':28}{'passthrough':>14}{'streamdedup':>14}{'ratio':>9}")
     print(f"{'throughput (msg/s)':28}{passthrough:14,.0f}{service:14,.0f}{service / passthrough:9.2f}   (goal >= 0.50)")
     print(f"fastest of {len(rounds)} rounds each; per-round ratios "
-          + ", ".join(f"{s / p:.2f}" for p, _, s, _ in rounds)
-          + f" (median {float(np.median([s / p for p, _, s, _ in rounds])):.2f})")
+          + ", ".join(f"{ratio:.2f}" for ratio in ratios)
+          + f" (median {float(np.median(ratios)):.2f})")
     print(f"reference: the passthrough at the service's batch GC thresholds {tuned:,.0f} msg/s; "
           f"streamdedup / it {service / tuned:.2f}")
     for name, q in (("latency p50 (ms)", 50), ("latency p99 (ms)", 99)):
@@ -127,6 +130,16 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
 
 
 # ---------------------------------------------------------------------------------------------- throughput
+
+
+class _Round(NamedTuple):
+    """One throughput round: msg/s of the passthrough, of the passthrough at batch GC thresholds (the
+    reference) and of the service, and the service's mean seconds per batch by stage."""
+
+    passthrough: float
+    tuned: float
+    service: float
+    stages: dict[str, float]
 
 
 async def _passthrough_throughput(settings: Settings, bootstrap: str, source: str, sink: str, n: int) -> float:
