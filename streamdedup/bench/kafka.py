@@ -72,14 +72,19 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
     try:
         with tempfile.TemporaryDirectory(prefix="bench-kafka-") as work_dir:
             work = Path(work_dir)
-            (input_topic,) = await _topics(bootstrap, prefix, "input")
+            # Every topic up front: a topic whose leader was just elected can still refuse a consumer's first
+            # offset lookup for a moment (aiokafka retries, but logs an ERROR), and by the time a phase starts,
+            # its topics have long been served.
+            sides = ("passthrough", "tuned", "service")
+            round_names = [f"{side}-out-{number}" for number in range(1, args.rounds + 1) for side in sides]
+            latency_names = ["latency-pass-in", "latency-pass-out", "latency-svc-in", "latency-svc-out"]
+            input_topic, *round_topics = await _topics(bootstrap, prefix, "input", *round_names, *latency_names)
+            latency_in, lat_pass_out, latency_in2, lat_svc_out = round_topics[len(round_names) :]
             await _produce(bootstrap, input_topic, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
 
             rounds: list[_Round] = []
             for number in range(1, args.rounds + 1):
-                pass_out, tuned_out, svc_out = await _topics(
-                    bootstrap, prefix, f"passthrough-out-{number}", f"tuned-out-{number}", f"service-out-{number}"
-                )
+                pass_out, tuned_out, svc_out = round_topics[len(sides) * (number - 1) : len(sides) * number]
                 passthrough = await _passthrough_throughput(settings, bootstrap, input_topic, pass_out, args.messages)
                 # Not the peer, a reference: the service collects garbage at batch thresholds (garbage.py), which
                 # speeds up any loop handling thousands of records at once.
@@ -92,9 +97,6 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
                 print(f"round {number}: passthrough {passthrough:,.0f} msg/s ({tuned:,.0f} at batch GC thresholds), "
                       f"streamdedup {service:,.0f} msg/s, ratio {service / passthrough:.2f}", flush=True)
 
-            latency_in, lat_pass_out, latency_in2, lat_svc_out = await _topics(
-                bootstrap, prefix, "latency-pass-in", "latency-pass-out", "latency-svc-in", "latency-svc-out"
-            )
             pass_lat = await _latency(
                 bootstrap, latency_in, lat_pass_out, args,
                 lambda stop: _passthrough_loop(settings, bootstrap, latency_in, lat_pass_out, stop, None),

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 
 import pytest
@@ -15,7 +16,10 @@ async def _topics(bootstrap: str) -> set[str]:
         return set(await admin.list_topics())
 
 
-def test_bench_reports_both_sides_and_deletes_its_topics(kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]):
+def test_bench_reports_both_sides_and_deletes_its_topics(
+    kafka_bootstrap: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.WARNING)
     before = asyncio.run(_topics(kafka_bootstrap))
     options = ["--messages", "1500", "--rate", "300", "--latency-seconds", "1", "--rounds", "2", "--bootstrap", kafka_bootstrap]
     assert main(options, Settings()) == 0
@@ -43,3 +47,5 @@ def test_bench_reports_both_sides_and_deletes_its_topics(kafka_bootstrap: str, c
     assert re.search(r"latency p99 \(ms\)\s+\d+\.\d\s+\d+\.\d", out), out
     leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
     assert leftover == set()
+    # Topics are created before any phase reads them, so no client has cause to log an error.
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
