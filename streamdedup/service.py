@@ -34,7 +34,7 @@ from .fingerprint import fingerprint_hex
 from .garbage import collecting_for_batches
 from .document import DeadLetter, Document, DocumentDecoder
 from .health import HealthServer
-from .kafka.admin import admin_client, ensure_topics
+from .kafka.admin import admin_client, ensure_topics, wait_for_group_coordinator
 from .kafka.clients import common_options
 from .kafka.consumer import BatchConsumer
 from .kafka.producer import TransactionalProducer
@@ -307,8 +307,7 @@ class DedupService(Lifecycle):
         # The producer starts first: it fences an earlier incarnation and completes its open transaction,
         # so the committed offsets read during reconciliation are final.
         async with TransactionalProducer(kafka) as producer:
-            if kafka.create_topics:
-                await self._create_output_topics()
+            await self._prepare_cluster()
             consumer = BatchConsumer(
                 kafka,
                 max_message_bytes=self.settings.input.max_message_bytes,
@@ -678,14 +677,17 @@ class DedupService(Lifecycle):
             topics.append(kafka.duplicates_topic)
         return topics
 
-    async def _create_output_topics(self) -> None:
+    async def _prepare_cluster(self) -> None:
+        """Create the output topics (if configured to) and wait until the cluster can coordinate the group."""
         kafka = self.settings.kafka
         async with admin_client(**common_options(kafka)) as admin:
-            await ensure_topics(
-                admin,
-                {topic: kafka.topic_partitions for topic in self._output_topics()},
-                replication_factor=kafka.topic_replication_factor,
-            )
+            if kafka.create_topics:
+                await ensure_topics(
+                    admin,
+                    {topic: kafka.topic_partitions for topic in self._output_topics()},
+                    replication_factor=kafka.topic_replication_factor,
+                )
+            await wait_for_group_coordinator(admin, kafka.group_id, timeout=kafka.request_timeout_ms / 1000)
 
     async def _sleep_unless_stopping(self, seconds: float) -> None:
         try:

@@ -28,7 +28,7 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from ..garbage import collecting_for_batches
-from ..kafka.admin import admin_client, ensure_topics
+from ..kafka.admin import admin_client, ensure_topics, wait_for_group_coordinator
 from ..kafka.broker import LocalBroker
 from ..kafka.consumer import committed_reader
 from ..metrics import Stage
@@ -225,6 +225,8 @@ async def _passthrough_loop(
         isolation_level="read_committed",
         fetch_max_bytes=kafka.fetch_max_bytes,
     )
+    async with admin_client(bootstrap_servers=bootstrap) as admin:
+        await wait_for_group_coordinator(admin, group)
     await producer.start()
     await consumer.start()
     done = 0

@@ -5,7 +5,7 @@ No hashing and no index here: the service composes these with the decision core.
 
 from __future__ import annotations
 
-from .admin import admin_client, ensure_topics, partition_counts
+from .admin import admin_client, ensure_topics, partition_counts, wait_for_group_coordinator
 from .broker import KAFKA_SCRIPT, BrokerError, LocalBroker
 from .clients import common_options, security_options
 from .consumer import BatchConsumer, RebalanceHandler
@@ -28,4 +28,5 @@ __all__ = [
     "novel",
     "partition_counts",
     "security_options",
+    "wait_for_group_coordinator",
 ]

@@ -1,4 +1,5 @@
-"""Topic administration the service and the demo need: partition counts, create-if-missing."""
+"""Cluster administration the service and the demo need: partition counts, create-if-missing, and waiting until
+the cluster can coordinate a consumer group."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-__all__ = ["admin_client", "ensure_topics", "partition_counts"]
+__all__ = ["admin_client", "ensure_topics", "partition_counts", "wait_for_group_coordinator"]
 
 
 @asynccontextmanager
@@ -51,4 +52,21 @@ async def ensure_topics(
             pass  # another process created it between our look and our create
     async with asyncio.timeout(timeout):
         while len(await partition_counts(admin, topics)) < len(topics):
+            await asyncio.sleep(0.1)
+
+
+async def wait_for_group_coordinator(admin: AIOKafkaAdminClient, group_id: str, *, timeout: float = 30.0) -> int:
+    """The id of the broker coordinating ``group_id``, once the cluster can name one.
+
+    A fresh cluster creates its offsets topic on the first such request and answers "not available" until that
+    topic is served. A consumer meeting this retries, but aiokafka logs each attempt as an ERROR; asking first
+    keeps a healthy start free of them. Raises ``TimeoutError`` after ``timeout`` seconds.
+    """
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return await admin.find_coordinator(group_id)
+            except KafkaError as exc:
+                if not exc.retriable:
+                    raise
             await asyncio.sleep(0.1)
