@@ -75,16 +75,20 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
             # Every topic up front: a topic whose leader was just elected can still refuse a consumer's first
             # offset lookup for a moment (aiokafka retries, but logs an ERROR), and by the time a phase starts,
             # its topics have long been served.
-            sides = ("passthrough", "tuned", "service")
-            round_names = [f"{side}-out-{number}" for number in range(1, args.rounds + 1) for side in sides]
+            round_names = [
+                [f"{side}-out-{number}" for side in ("passthrough", "tuned", "service")]
+                for number in range(1, args.rounds + 1)
+            ]
             latency_names = ["latency-pass-in", "latency-pass-out", "latency-svc-in", "latency-svc-out"]
-            input_topic, *round_topics = await _topics(bootstrap, prefix, "input", *round_names, *latency_names)
-            latency_in, lat_pass_out, latency_in2, lat_svc_out = round_topics[len(round_names) :]
+            names = ["input", *(name for outs in round_names for name in outs), *latency_names]
+            topic = dict(zip(names, await _topics(bootstrap, prefix, *names), strict=True))
+            input_topic = topic["input"]
+            latency_in, lat_pass_out, latency_in2, lat_svc_out = (topic[name] for name in latency_names)
             await _produce(bootstrap, input_topic, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
 
             rounds: list[_Round] = []
-            for number in range(1, args.rounds + 1):
-                pass_out, tuned_out, svc_out = round_topics[len(sides) * (number - 1) : len(sides) * number]
+            for number, outs in enumerate(round_names, start=1):
+                pass_out, tuned_out, svc_out = (topic[name] for name in outs)
                 passthrough = await _passthrough_throughput(settings, bootstrap, input_topic, pass_out, args.messages)
                 # Not the peer, a reference: the service collects garbage at batch thresholds (garbage.py), which
                 # speeds up any loop handling thousands of records at once.

@@ -1,5 +1,5 @@
-"""Cluster administration the service and the demo need: partition counts, create-if-missing, and waiting until
-the cluster can coordinate a consumer group."""
+"""Cluster administration the service, the demo and the benches need: partition counts, create-if-missing,
+and waiting until the cluster can coordinate a consumer group."""
 
 from __future__ import annotations
 
