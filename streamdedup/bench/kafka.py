@@ -6,7 +6,8 @@ comparison isolates what the service adds: decoding, fingerprinting, the index, 
 measured on a backlog from the first consumed record to the last commit, in ``--rounds`` rounds that
 alternate the passthrough and the service (each round with fresh output topics, consumer groups and index);
 each side keeps its fastest round, as ``timeit`` keeps the best of several, because one slow moment of a
-shared machine in one phase would otherwise decide the ratio. Every round's figures are printed too. Latency
+shared machine in one phase would otherwise decide the ratio. Every round's figures are printed too, with the
+CPU time the host gave to other tenants while each side ran. Latency
 is measured separately under a steady produce rate: output arrival time minus the time the message was
 produced.
 """
@@ -35,6 +36,7 @@ from ..metrics import Stage
 from ..names import METRIC_PREFIX
 from ..service import DedupService
 from ..settings import Settings
+from .host import StealClock, describe_steal
 
 __all__ = ["main"]
 
@@ -89,17 +91,22 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
             rounds: list[_Round] = []
             for number, outs in enumerate(round_names, start=1):
                 pass_out, tuned_out, svc_out = (topic[name] for name in outs)
+                steal = StealClock()
                 passthrough = await _passthrough_throughput(settings, bootstrap, input_topic, pass_out, args.messages)
+                passthrough_steal = steal.percent()
                 # Not the peer, a reference: the service collects garbage at batch thresholds (garbage.py), which
                 # speeds up any loop handling thousands of records at once.
                 with collecting_for_batches():
                     tuned = await _passthrough_throughput(settings, bootstrap, input_topic, tuned_out, args.messages)
+                steal.restart()
                 service, stages = await _service_throughput(
                     settings, bootstrap, input_topic, svc_out, args.messages, work / f"index-{number}"
                 )
-                rounds.append(_Round(passthrough, tuned, service, stages))
+                service_steal = steal.percent()
+                rounds.append(_Round(passthrough, tuned, service, stages, passthrough_steal, service_steal))
                 print(f"round {number}: passthrough {passthrough:,.0f} msg/s ({tuned:,.0f} at batch GC thresholds), "
-                      f"streamdedup {service:,.0f} msg/s, ratio {service / passthrough:.2f}", flush=True)
+                      f"streamdedup {service:,.0f} msg/s, ratio {service / passthrough:.2f}; host CPU steal "
+                      f"{describe_steal(passthrough_steal)} / {describe_steal(service_steal)}", flush=True)
 
             pass_lat = await _latency(
                 bootstrap, latency_in, lat_pass_out, args,
@@ -112,7 +119,8 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
     finally:
         await _delete_topics(bootstrap, prefix)
 
-    passthrough = max(each.passthrough for each in rounds)
+    passthrough_round = max(rounds, key=lambda each: each.passthrough)
+    passthrough = passthrough_round.passthrough
     tuned = max(each.tuned for each in rounds)
     fastest = max(rounds, key=lambda each: each.service)
     service, stages = fastest.service, fastest.stages
@@ -125,6 +133,8 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
           + f" (median {float(np.median(ratios)):.2f})")
     print(f"reference: the passthrough at the service's batch GC thresholds {tuned:,.0f} msg/s; "
           f"streamdedup / it {service / tuned:.2f}")
+    print(f"host CPU steal (other tenants' share of the cores) in the rounds that counted: passthrough "
+          f"{describe_steal(passthrough_round.passthrough_steal)}, streamdedup {describe_steal(fastest.service_steal)}")
     for name, q in (("latency p50 (ms)", 50), ("latency p99 (ms)", 99)):
         a, b = np.percentile(pass_lat, q) * 1000, np.percentile(svc_lat, q) * 1000
         print(f"{name:28}{a:14.1f}{b:14.1f}{b / a:9.2f}")
@@ -140,12 +150,15 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
 
 class _Round(NamedTuple):
     """One throughput round: msg/s of the passthrough, of the passthrough at batch GC thresholds (the
-    reference) and of the service, and the service's mean seconds per batch by stage."""
+    reference) and of the service, the service's mean seconds per batch by stage, and the host's CPU steal
+    in percent while the passthrough and while the service ran."""
 
     passthrough: float
     tuned: float
     service: float
     stages: dict[str, float]
+    passthrough_steal: float | None
+    service_steal: float | None
 
 
 async def _passthrough_throughput(settings: Settings, bootstrap: str, source: str, sink: str, n: int) -> float:
