@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from .normalize import BOUNDARY, NOSPACE, PUNCTUATION, SYMBOL, WORD, CodePointBatch
+from .normalize import NOSPACE, PUNCTUATION, SYMBOL, WORD, CodePointBatch
 from .settings import FeatureSettings
 
 __all__ = ["IDENTITY_BITS", "MAX_DOCUMENTS", "FeatureBatch", "FeatureExtractor", "HashName", "mix64"]
@@ -35,8 +35,9 @@ __all__ = ["IDENTITY_BITS", "MAX_DOCUMENTS", "FeatureBatch", "FeatureExtractor",
 HashName = Literal["fast", "md5", "shake256"]
 
 IDENTITY_BITS = 44
-MAX_DOCUMENTS = 1 << (64 - IDENTITY_BITS)
-"""Most documents one extraction call takes (the document index shares a uint64 sort key with the identity)."""
+MAX_DOCUMENTS = (1 << (64 - IDENTITY_BITS)) - 1
+"""Most documents one extraction call takes (the document index shares a uint64 sort key with the identity,
+and one more index marks windows that straddle two documents)."""
 
 _IDENTITY_SHIFT = np.uint64(64 - IDENTITY_BITS)
 _IDENTITY_MASK = np.uint64((1 << IDENTITY_BITS) - 1)
@@ -181,7 +182,19 @@ class _TokenGrams:
         ]
 
 
-_Group = _Spans | _TokenGrams
+@dataclass(frozen=True)
+class _Windows:
+    """Every ``size``-long window of ``source``'s code points, the window at row r starting at code point r."""
+
+    source: _PolynomialText
+    size: int
+
+    def texts(self, rows: np.ndarray) -> list[str]:
+        decode = self.source.decode
+        return [decode(start, start + self.size) for start in rows.tolist()]
+
+
+_Group = _Spans | _TokenGrams | _Windows
 
 
 def _class_runs(classes: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarray]:
@@ -220,28 +233,41 @@ def _fixed_windows(
     # Few windows (a script that is a small part of the batch): hash just those, gathering.
     few = 4 * len(starts) < count
 
-    def column(offset: int) -> np.ndarray:
-        return code_points[starts + offset] if few else code_points[offset : offset + count]
-
-    hashes = column(size - 1).astype(np.uint64)
-    for offset in range(size - 2, -1, -1):
-        hashes *= _BASE_U64
-        hashes += column(offset)
-    if not few:
-        hashes = hashes[starts]
+    if few:
+        hashes = code_points[starts + (size - 1)].astype(np.uint64)
+        for offset in range(size - 2, -1, -1):
+            hashes *= _BASE_U64
+            hashes += code_points[starts + offset]
+    else:
+        hashes = _window_hashes(code_points, size)[starts]
     if not len(short_starts):
         return hashes, starts, np.int64(size)
-    powers, _ = _Powers.get(size)
-    short_hashes = np.zeros(len(short_starts), dtype=np.uint64)
-    for offset in range(size - 1):
-        present = offset < short_lengths
-        terms = code_points[short_starts + offset * present].astype(np.uint64) * powers[offset]
-        short_hashes += np.where(present, terms, np.uint64(0))
     return (
-        np.concatenate([hashes, short_hashes]),
+        np.concatenate([hashes, _short_hashes(code_points, short_starts, short_lengths, size)]),
         np.concatenate([starts, short_starts]),
         np.concatenate([np.full(len(starts), size, dtype=np.int64), short_lengths]),
     )
+
+
+def _short_hashes(code_points: np.ndarray, starts: np.ndarray, lengths: np.ndarray, size: int) -> np.ndarray:
+    """Polynomial hash of spans shorter than ``size``, by Horner's rule over gathers (they are few)."""
+    powers, _ = _Powers.get(size)
+    hashes = np.zeros(len(starts), dtype=np.uint64)
+    for offset in range(size - 1):
+        present = offset < lengths
+        terms = code_points[starts + offset * present].astype(np.uint64) * powers[offset]
+        hashes += np.where(present, terms, np.uint64(0))
+    return hashes
+
+
+def _window_hashes(code_points: np.ndarray, size: int) -> np.ndarray:
+    """Polynomial hash of the ``size``-long window starting at every code point that has one."""
+    count = max(len(code_points) - size + 1, 0)
+    hashes = code_points[size - 1 : size - 1 + count].astype(np.uint64)
+    for offset in range(size - 2, -1, -1):
+        hashes *= _BASE_U64
+        hashes += code_points[offset : offset + count]
+    return hashes
 
 
 def _windows(starts: np.ndarray, ends: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -380,20 +406,26 @@ class FeatureExtractor:
             # same grams.
             compacted = batch.compacted if self.settings.char_ngram_spaces else batch.solid
             reading = original() if compacted is batch else _PolynomialText(compacted.code_points)
-            inside = compacted.classes != BOUNDARY
+            lengths = compacted.lengths
+            # Every window of the batch is hashed, and the ones that straddle two documents belong to the
+            # document past the last, whose keys are dropped: cheaper than finding and gathering the others.
+            # Each document is followed by one boundary: of the windows that start in it or on that boundary,
+            # the first ``fitting`` fit in it and the others straddle.
+            run_owners = np.full(2 * len(batch), len(batch), dtype=np.int64)
+            run_owners[0::2] = np.arange(len(batch))
             for size in char_sizes:
-                # Only the first size gives a document shorter than it one window covering it.
-                lengths = compacted.lengths
-                short = np.flatnonzero((lengths > 0) & (lengths < size) & (size == char_sizes[0]))
-                hashes, starts, window_lengths = _fixed_windows(
-                    compacted.code_points, inside, size, compacted.starts[short], lengths[short]
-                )
-                # No boundary inside a document: each has every window that fits in it, in order.
                 fitting = np.maximum(lengths - (size - 1), 0)
-                owners = np.repeat(np.arange(len(batch), dtype=np.int64), fitting)
+                runs = np.empty(2 * len(batch), dtype=np.int64)
+                runs[0::2] = fitting
+                runs[1::2] = lengths + 1 - fitting
+                hashes = _window_hashes(compacted.code_points, size)
+                add(_Windows(reading, size), hashes, np.int64(size), np.repeat(run_owners, runs)[: len(hashes)])
+                # Only the first size gives a document shorter than it one window covering it.
+                short = np.flatnonzero((lengths > 0) & (lengths < size) & (size == char_sizes[0]))
                 if len(short):
-                    owners = np.concatenate([owners, short])
-                add(_Spans(reading, starts, starts + window_lengths), hashes, window_lengths, owners)
+                    starts, short_lengths = compacted.starts[short], lengths[short]
+                    hashes = _short_hashes(compacted.code_points, starts, short_lengths, size)
+                    add(_Spans(reading, starts, starts + short_lengths), hashes, short_lengths, short)
 
         without_words = np.flatnonzero(~wordy & (batch.lengths > 0))
         if len(without_words):
@@ -456,7 +488,9 @@ class FeatureExtractor:
                 features = self._distinct(document_count, groups, group_sizes, _occurrence_keys(identities, owners))
             else:
                 # Cut before the keys are made: a long document keeps a few percent of its occurrences.
-                hits = [np.flatnonzero(each < bounds[owner]) for each, owner in zip(identities, owners, strict=True)]
+                # The document past the last (windows straddling two documents) keeps nothing.
+                owner_bounds = np.append(bounds, np.uint64(0))
+                hits = [np.flatnonzero(each < owner_bounds[owner]) for each, owner in zip(identities, owners, strict=True)]
                 keys = _occurrence_keys(
                     [each[hit] for each, hit in zip(identities, hits, strict=True)],
                     [owner[hit] for owner, hit in zip(owners, hits, strict=True)],
@@ -486,6 +520,8 @@ class FeatureExtractor:
             # The slow hashes need an occurrence of each feature to recover its text.
             occurrence = np.argsort(keys, kind="stable")
             keys = keys[occurrence]
+        # Keys of the document past the last (windows straddling two documents) sort last: cut them off.
+        keys = keys[: np.searchsorted(keys, np.uint64(document_count) << _KEY_DOCUMENT_SHIFT)]
         heads = np.ones(len(keys), dtype=bool)
         heads[1:] = keys[1:] != keys[:-1]
         heads = np.flatnonzero(heads)
@@ -507,7 +543,6 @@ class FeatureExtractor:
             keys, identity, heads = keys[kept], identity[kept], heads[kept]
             if counts is not None:
                 counts = counts[kept]
-        # The end is not searched for: past the last possible document, its key would wrap to 0.
         offsets = np.empty(document_count + 1, dtype=np.intp)
         offsets[:-1] = np.searchsorted(keys, np.arange(document_count, dtype=np.uint64) << _KEY_DOCUMENT_SHIFT)
         offsets[-1] = len(keys)

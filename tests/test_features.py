@@ -62,8 +62,9 @@ def oracle(text: str, settings: FeatureSettings) -> set[str]:
         found.update(grams)
     for run in runs(text, "nospace"):
         found.update(windows(run, settings.cjk_char_ngram, whole_if_shorter=True))
+    reading = text if settings.char_ngram_spaces else "".join(char for char in text if kind(char) != "space")
     for size in settings.char_ngrams:
-        found.update(windows(text, size, whole_if_shorter=size == settings.char_ngrams[0]))
+        found.update(windows(reading, size, whole_if_shorter=size == settings.char_ngrams[0]))
     if not tokens and not runs(text, "nospace"):
         solid = "".join(char for char in text if kind(char) == "solid")
         found.update(windows(solid, settings.cjk_char_ngram, whole_if_shorter=True))
@@ -76,11 +77,14 @@ def oracle(text: str, settings: FeatureSettings) -> set[str]:
     word_ngrams=st.lists(st.integers(1, 3), max_size=2),
     char_ngrams=st.lists(st.integers(1, 4), max_size=2),
     cjk=st.integers(1, 3),
+    spaces=st.booleans(),
 )
 def test_features_match_a_brute_force_oracle(
-    texts: list[str], word_ngrams: list[int], char_ngrams: list[int], cjk: int
+    texts: list[str], word_ngrams: list[int], char_ngrams: list[int], cjk: int, spaces: bool
 ) -> None:
-    feature_settings = FeatureSettings(word_ngrams=word_ngrams, char_ngrams=char_ngrams, cjk_char_ngram=cjk)
+    feature_settings = FeatureSettings(
+        word_ngrams=word_ngrams, char_ngrams=char_ngrams, cjk_char_ngram=cjk, char_ngram_spaces=spaces
+    )
     extractor = FeatureExtractor(feature_settings)
     batch = extractor.extract(texts)
     assert len(batch) == len(texts)
@@ -225,13 +229,18 @@ def test_least_keeps_exactly_the_features_of_least_identity(
 
 
 def test_the_last_document_of_a_full_extraction_keeps_its_features() -> None:
-    # Its (document, identity) keys sit at the top of the uint64 range, where document + 1 would wrap.
+    # Its (document, identity) keys sit at the top of the uint64 range, just under those of the windows that
+    # straddle two documents (filed under document + 1).
     long_text = " ".join(f"word{i}" for i in range(200))
     texts = ["a"] * (MAX_DOCUMENTS - 1) + [long_text]
+    words_and_grams = FeatureSettings(word_ngrams=[1], char_ngrams=[3], char_ngram_spaces=False)
+    alone = FeatureExtractor(words_and_grams).extract([long_text]).counts[0]
+    assert alone > 200
     for least in (0, 8):
-        batch = FeatureExtractor(FeatureSettings(), least=least).extract(texts)
+        batch = FeatureExtractor(words_and_grams, least=least).extract(texts)
+        # "a" is both a word and the one window of a text shorter than 3: the same feature.
         assert batch.counts[:3].tolist() == [1, 1, 1]
-        assert batch.counts[-1] == (8 if least else 200)
+        assert batch.counts[-1] == (8 if least else alone)
         assert batch.offsets[-1] == len(batch.hashes)
         assert sorted(batch.identities[-batch.counts[-1] :].tolist()) == batch.identities[-batch.counts[-1] :].tolist()
 
