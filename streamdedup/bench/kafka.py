@@ -255,7 +255,9 @@ async def _passthrough_loop(
                 continue
             async with producer.transaction():
                 sent = [await producer.send(sink, r.value, key=r.key, headers=list(r.headers)) for r in records]
-                await asyncio.gather(*sent)
+                # Awaited as the service awaits them (kafka/producer.py), so that both sides pay the same for it.
+                for delivery in sent:
+                    await delivery
                 offsets = {tp: batch[-1].offset + 1 for tp, batch in fetched.items() if batch}
                 await producer.send_offsets_to_transaction(offsets, group)
             done += len(records)

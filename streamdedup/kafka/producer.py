@@ -79,7 +79,10 @@ class TransactionalProducer(Lifecycle):
                 await producer.send(record.topic, record.value, key=record.key, headers=list(record.headers))
                 for record in records
             ]
-            await asyncio.gather(*sent)
+            # In order, not gathered: a record batch resolves all its futures at once, so after the first wait
+            # the others are done, where gather would schedule a callback per record (~2.6 us each here).
+            for delivery in sent:
+                await delivery
             await producer.send_offsets_to_transaction(dict(offsets), group_id)
             started = time.perf_counter()
             await producer.commit_transaction()
