@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewTopic
 from aiokafka.structs import ConsumerRecord
 
@@ -32,6 +32,8 @@ from streamdedup.decision_process import DecisionProcess
 from streamdedup.document import Document, DocumentDecoder
 from streamdedup.kafka.admin import admin_client, ensure_topics
 from streamdedup.kafka.broker import LocalBroker
+from streamdedup.kafka.producer import send_batched
+from streamdedup.kafka.records import OutgoingRecord
 from streamdedup.metrics import WORKER_KINDS
 from streamdedup.fingerprint import fingerprint_hex
 from streamdedup.names import (
@@ -430,6 +432,29 @@ async def test_every_dead_letter_reason_keeps_original_bytes_and_never_blocks_th
     output = await kafka_consume(topics.output, count=4)
     assert [r.value for r in output] == [g.encode() for g in good]
     assert dict(service.stats.dead_lettered) == dict.fromkeys(bad, 1)
+
+
+async def test_a_record_with_neither_key_nor_value_is_dead_lettered_as_it_came(
+    kafka_bootstrap: str, topics: Topics, kafka_consume: Any, tmp_path: Path
+) -> None:
+    # Kafka takes such a record from any client; aiokafka's send refuses to make one, its batch API does not.
+    good = json.dumps({"text": "a story that comes right after a record with nothing in it at all"}).encode()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        stream = [OutgoingRecord(topics.input, None, None, ()), OutgoingRecord(topics.input, good, None, ())]
+        await asyncio.gather(*await send_batched(producer, stream, 1_048_576))
+    finally:
+        await producer.stop()
+    settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index"))
+
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, 2), 60, "the stream to be processed")
+
+    dead = await kafka_consume(topics.dead_letters, count=1)
+    assert [(r.key, r.value, header(r, HEADER_DEAD_LETTER_REASON)) for r in dead] == [(None, None, b"null_value")]
+    assert [r.value for r in await kafka_consume(topics.output, count=1)] == [good]
+    assert await committed_offset(kafka_bootstrap, settings.kafka.group_id, topics.input) == 2
 
 
 async def test_an_id_with_a_lone_surrogate_is_dead_lettered_and_the_stream_goes_on(

@@ -1,15 +1,14 @@
 """``streamdedup bench kafka``: the service against a bare aiokafka passthrough, on the local broker, same run.
 
 Both read the same 100k tweet-sized JSON messages with the same consumer settings and batch size and publish
-in one Kafka transaction per batch with the input offsets (the passthrough is transactional too, so the
-comparison isolates what the service adds: decoding, fingerprinting, the index, headers). Throughput is
-measured on a backlog from the first consumed record to the last commit, in ``--rounds`` rounds that
-alternate the passthrough and the service (each round with fresh output topics, consumer groups and index);
-each side keeps its fastest round, as ``timeit`` keeps the best of several, because one slow moment of a
-shared machine in one phase would otherwise decide the ratio. Every round's figures are printed too, with the
-CPU time the host gave to other tenants while each side ran. Latency
-is measured separately under a steady produce rate: output arrival time minus the time the message was
-produced.
+in one Kafka transaction per batch with the input offsets, through the same record-batch sender (the
+passthrough is transactional too, so the comparison isolates what the service adds: decoding,
+fingerprinting, the index, headers). Throughput is measured on a backlog from the first consumed record to
+the last commit, in ``--rounds`` rounds that alternate the passthrough and the service (each round with
+fresh output topics, consumer groups and index); each side keeps its fastest round, as ``timeit`` keeps the
+best of several, because one slow moment of a shared machine in one phase would otherwise decide the ratio. Every round's figures are printed too, with the
+CPU time the host gave to other tenants while each side ran. Latency is measured separately under a steady
+produce rate: output arrival time minus the time the message was produced.
 """
 
 from __future__ import annotations
@@ -32,6 +31,8 @@ from ..garbage import collecting_for_batches
 from ..kafka.admin import admin_client, ensure_topics, wait_for_group_coordinator
 from ..kafka.broker import LocalBroker
 from ..kafka.consumer import committed_reader
+from ..kafka.producer import send_batched
+from ..kafka.records import OutgoingRecord
 from ..metrics import Stage
 from ..names import METRIC_PREFIX
 from ..service import DedupService
@@ -254,10 +255,9 @@ async def _passthrough_loop(
             if not records:
                 continue
             async with producer.transaction():
-                sent = [await producer.send(sink, r.value, key=r.key, headers=list(r.headers)) for r in records]
-                # Awaited as the service awaits them (kafka/producer.py), so that both sides pay the same for it.
-                for delivery in sent:
-                    await delivery
+                # Sent as the service sends its records (kafka/producer.py), so that both sides pay the same for it.
+                outgoing = [OutgoingRecord(sink, r.value, r.key, tuple(r.headers)) for r in records]
+                await asyncio.gather(*await send_batched(producer, outgoing, kafka.max_request_bytes))
                 offsets = {tp: batch[-1].offset + 1 for tp, batch in fetched.items() if batch}
                 await producer.send_offsets_to_transaction(offsets, group)
             done += len(records)

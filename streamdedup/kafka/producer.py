@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.producer.message_accumulator import BatchBuilder
 
 from ..lifecycle import Lifecycle
 from ..settings import KafkaSettings
 from .clients import common_options
 from .records import OutgoingRecord
 
-__all__ = ["TransactionalProducer"]
+__all__ = ["TransactionalProducer", "send_batched"]
 
 log = logging.getLogger(__name__)
+
+_PARTITIONER = DefaultPartitioner()
 
 _STOP_TIMEOUT_SECONDS = 10.0
 
@@ -75,14 +82,7 @@ class TransactionalProducer(Lifecycle):
         producer = self._producer
         await producer.begin_transaction()
         try:
-            sent = [
-                await producer.send(record.topic, record.value, key=record.key, headers=list(record.headers))
-                for record in records
-            ]
-            # In order, not gathered: a record batch resolves all its futures at once, so after the first wait
-            # the others are done, where gather would schedule a callback per record (~2.6 us each here).
-            for delivery in sent:
-                await delivery
+            await asyncio.gather(*await send_batched(producer, records, self.settings.max_request_bytes))
             await producer.send_offsets_to_transaction(dict(offsets), group_id)
             started = time.perf_counter()
             await producer.commit_transaction()
@@ -95,11 +95,67 @@ class TransactionalProducer(Lifecycle):
         try:
             await asyncio.wait_for(producer.abort_transaction(), self.settings.request_timeout_ms / 1000)
         except Exception as exc:  # the original error matters more; the next producer aborts for us anyway
-            log.warning("could not abort the Kafka transaction: %r", exc)
+            # Its text, not the error: a log record holding the error would keep the failed producer alive.
+            log.warning("could not abort the Kafka transaction: %s", repr(exc))
+
+
+async def send_batched(
+    producer: AIOKafkaProducer, records: Iterable[OutgoingRecord], max_record_bytes: int
+) -> list[asyncio.Future[Any]]:
+    """Queue ``records`` in record batches of their partitions, in order; one delivery future per batch.
+
+    ``AIOKafkaProducer.send`` does the same work per record, in coroutines, with a future (and a result) for
+    each: several microseconds of the event loop a record. Partitions are chosen as aiokafka's default
+    partitioner does (a key's murmur2 hash), except that a topic's records without a key share one randomly
+    chosen partition per call instead of a random one each. A record over ``max_record_bytes`` raises
+    ``MessageSizeTooLargeError``, as ``send`` does. Await every future returned (``asyncio.gather`` takes
+    the failures of the others when one fails).
+    """
+    partitions: dict[str, list[int]] = {}
+    keyless: dict[str, int] = {}
+    batches: dict[TopicPartition, BatchBuilder] = {}
+    deliveries: list[asyncio.Future[Any]] = []
+    try:
+        for record in records:
+            topic, key = record.topic, record.key
+            if topic not in partitions:
+                partitions[topic] = sorted(await producer.partitions_for(topic))
+                keyless[topic] = random.choice(partitions[topic])
+            partition = keyless[topic] if key is None else _PARTITIONER(key, partitions[topic], partitions[topic])
+            tp = TopicPartition(topic, partition)
+            batch = batches.get(tp)
+            if batch is None:
+                batch = batches[tp] = producer.create_batch()
+            headers = list(record.headers)
+            appended = batch.append(timestamp=None, key=key, value=record.value, headers=headers)
+            if appended is None:
+                # The batch is full: send it and start the next one, which takes any record.
+                deliveries.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = batches[tp] = producer.create_batch()
+                appended = batch.append(timestamp=None, key=key, value=record.value, headers=headers)
+            if appended.size > max_record_bytes:
+                raise MessageSizeTooLargeError(
+                    f"a record of {appended.size} bytes for {topic} is over the maximum request size "
+                    f"({max_record_bytes})"
+                )
+        for tp, batch in batches.items():
+            deliveries.append(await producer.send_batch(batch, tp.topic, partition=tp.partition))
+    except BaseException:
+        # The caller never gets these: their failures are taken here, or asyncio reports them as never retrieved
+        # (aiokafka leaves that to the user of its batch API).
+        for delivery in deliveries:
+            delivery.add_done_callback(_retrieve_failure)
+        raise
+    return deliveries
+
+
+def _retrieve_failure(delivery: asyncio.Future[Any]) -> None:
+    if not delivery.cancelled():
+        delivery.exception()
 
 
 async def _stop_quietly(producer: AIOKafkaProducer) -> None:
     try:
         await asyncio.wait_for(producer.stop(), _STOP_TIMEOUT_SECONDS)
     except (TimeoutError, OSError) as exc:
-        log.warning("producer did not stop cleanly: %r", exc)
+        log.warning("producer did not stop cleanly: %s", repr(exc))
