@@ -6,9 +6,10 @@ passthrough is transactional too, so the comparison isolates what the service ad
 fingerprinting, the index, headers). Throughput is measured on a backlog from the first consumed record to
 the last commit, in ``--rounds`` rounds that alternate the passthrough and the service (each round with
 fresh output topics, consumer groups and index); each side keeps its fastest round, as ``timeit`` keeps the
-best of several, because one slow moment of a shared machine in one phase would otherwise decide the ratio. Every round's figures are printed too, with the
-CPU time the host gave to other tenants while each side ran. Latency is measured separately under a steady
-produce rate: output arrival time minus the time the message was produced.
+best of several, because one slow moment of a shared machine in one phase would otherwise decide the ratio.
+Every round's figures are printed too, with the CPU time the host gave to other tenants while each side ran.
+Latency is measured separately under a steady produce rate: output arrival time minus the time the message
+was produced.
 """
 
 from __future__ import annotations
