@@ -10,6 +10,8 @@ from ..settings import Settings
 __all__ = ["BENCHMARKS", "run_bench"]
 
 BENCHMARKS = ("fingerprint", "index", "kafka", "quality")
+# The bench extra: the peers and what the benches measure the host with (pyproject.toml).
+_BENCH_EXTRA = frozenset({"simhash", "datasketch", "faiss", "psutil"})
 
 
 def run_bench(name: str, options: Sequence[str], settings: Settings) -> int:
@@ -17,6 +19,14 @@ def run_bench(name: str, options: Sequence[str], settings: Settings) -> int:
     names = BENCHMARKS if name == "all" else (name,)
     status = 0
     for each in names:
-        module = importlib.import_module(f".{each}", __package__)
-        status = max(status, int(module.main(list(options), settings) or 0))
+        try:
+            module = importlib.import_module(f".{each}", __package__)
+            status = max(status, int(module.main(list(options), settings) or 0))
+        except ModuleNotFoundError as exc:
+            if exc.name not in _BENCH_EXTRA:
+                raise
+            raise SystemExit(
+                f"streamdedup bench {each}: {exc.name} is not installed; the benchmarks need the bench extra "
+                "(pip install 'streamdedup[bench]')"
+            ) from exc
     return status
