@@ -121,7 +121,9 @@ async def send_batched(
             if topic not in partitions:
                 partitions[topic] = sorted(await producer.partitions_for(topic))
                 keyless[topic] = random.choice(partitions[topic])
-            partition = keyless[topic] if key is None else _PARTITIONER(key, partitions[topic], partitions[topic])
+            choices = partitions[topic]
+            # A key needs aiokafka's murmur2 (pure Python, ~4 us) only where there is a choice.
+            partition = keyless[topic] if key is None or len(choices) == 1 else _PARTITIONER(key, choices, choices)
             tp = TopicPartition(topic, partition)
             batch = batches.get(tp)
             if batch is None:
