@@ -233,13 +233,7 @@ def _fixed_windows(
     # Few windows (a script that is a small part of the batch): hash just those, gathering.
     few = 4 * len(starts) < count
 
-    if few:
-        hashes = code_points[starts + (size - 1)].astype(np.uint64)
-        for offset in range(size - 2, -1, -1):
-            hashes *= _BASE_U64
-            hashes += code_points[starts + offset]
-    else:
-        hashes = _window_hashes(code_points, size)[starts]
+    hashes = _window_hashes(code_points, size, starts) if few else _window_hashes(code_points, size)[starts]
     if not len(short_starts):
         return hashes, starts, np.int64(size)
     return (
@@ -260,13 +254,24 @@ def _short_hashes(code_points: np.ndarray, starts: np.ndarray, lengths: np.ndarr
     return hashes
 
 
-def _window_hashes(code_points: np.ndarray, size: int) -> np.ndarray:
-    """Polynomial hash of the ``size``-long window starting at every code point that has one."""
-    count = max(len(code_points) - size + 1, 0)
-    hashes = code_points[size - 1 : size - 1 + count].astype(np.uint64)
+def _window_hashes(code_points: np.ndarray, size: int, starts: np.ndarray | None = None) -> np.ndarray:
+    """Polynomial hash of the ``size``-long window starting at each of ``starts`` (gathered), or by default at
+    every code point that has one (shifted slices, read in order)."""
+    if starts is None:
+        count = max(len(code_points) - size + 1, 0)
+
+        def column(offset: int) -> np.ndarray:
+            return code_points[offset : offset + count]
+
+    else:
+
+        def column(offset: int) -> np.ndarray:
+            return code_points[starts + offset]
+
+    hashes = column(size - 1).astype(np.uint64)
     for offset in range(size - 2, -1, -1):
         hashes *= _BASE_U64
-        hashes += code_points[offset : offset + count]
+        hashes += column(offset)
     return hashes
 
 
