@@ -15,6 +15,13 @@ Layout (one LMDB environment, names in ``streamdedup.names``):
   sorted copy in memory. A random insert dirties a whole B-tree page, which every commit
   writes out again: inserting a batch into every table rewrote nearly all table pages of a small index per
   batch, while a merge of many batches into one table rewrites that table's pages once for all of them.
+- Removal deletes a fold-valued table's rows that no surviving entry shares. An entry-valued table keeps a
+  removed entry's rows, staged or merged (lookups read every candidate's record and drop those whose entry is
+  gone), and is swept at its merge turn once its removals since the last sweep reach its live entries times
+  1 to 2 (staggered over the tables): rewritten in key order with LMDB's append mode, its staged rows and the
+  batch's merged in, the rows of removed entries left out. Deleting them at once dirtied a random page of every
+  table per entry, which each commit wrote out again (the README has the figures). The meta counter
+  ``unswept`` holds each table's removals since its last sweep.
 - ``folds`` (dupsort + dupfixed): fold -> entry sequence numbers (table values name a fold, not an entry,
   which keeps tables at ~8 bytes per entry on 64-bit fingerprints).
 - ``entries``: sequence (big-endian, monotonic, appended) -> record (fingerprint, event time, origin,
@@ -82,6 +89,7 @@ clock years off) move it nowhere, where the newest time would expire everything 
 _META_NEXT_TOPIC = b"next_topic"
 _META_STAGED_GENERATION = b"staged_generation"
 _META_NEXT_MERGE = b"next_merge"
+_META_UNSWEPT = b"unswept"  # per table: entries removed since the table was last swept (entry-valued tables)
 _META_KEYED_WRITES = b"keyed_writes"  # batches that added table rows: what a key filter is valid for
 _META_KEY_FILTER_TOKEN = b"key_filter_token"  # names the saved key filter; deleted by every batch that adds keys
 KEY_FILTER_FILE = "key-filter.npz"
@@ -509,8 +517,11 @@ class SegmentIndex:
         staged = self._staged(txn)
         old_keys, old_values = staged[table].keys, staged[table].values
         keys, values = np.concatenate([old_keys, keys]), np.concatenate([old_values, values])
-        order = np.argsort(keys, kind="stable")
-        self._tables[table].insert(txn, keys[order], values[order])
+        if self._entry_valued and self._sweep_due(txn, table):
+            self._sweep(txn, table, keys, values)
+        else:
+            order = np.argsort(keys, kind="stable")
+            self._tables[table].insert(txn, keys[order], values[order])
         if len(old_keys):
             self._unstage(txn, table)
             staged[table] = staged[table].emptied()
@@ -1179,26 +1190,34 @@ class SegmentIndex:
         if not n:
             return 0
         seq_keys = _seq_bytes(entries)
-        keys, values, folds = table_rows(self.plan, head["fp"].reshape(n, self.words).astype(np.uint64))
         id_keys = self._id_keys([x.encode() for x in ids])
         for i in range(n):
             txn.delete(seq_keys[i], db=self._entries)
             txn.delete(id_keys[i], db=self._ids)
         for key in self._origin_keys(head[head["topic"] != NO_TOPIC]):
             txn.delete(key, db=self._origins)
-        survivor_seqs = np.zeros(0, dtype=np.uint64)
         if self._entry_valued:
-            # Each entry has rows of its own.
-            values = np.broadcast_to(entries, keys.shape)
+            # Each entry has rows of its own, and they stay, staged or merged, until their table is swept: a
+            # lookup reads every candidate's record and drops those of removed entries. Deleting them here
+            # dirtied a random page of every table per entry, which each commit wrote out again.
+            dead = self._unswept(txn) + np.uint64(n)
+            txn.put(_META_UNSWEPT, dead.astype(_U64).tobytes(), db=self._meta)
         else:
-            fold_keys = _seq_bytes(folds)
-            for i in range(n):
-                txn.delete(fold_keys[i], seq_keys[i], db=self._folds)
-            # Table rows are shared by entries with the same fold (and key): keep those some survivor still uses.
-            with txn.cursor(self._folds) as cursor:
-                survivors = cursor.getmulti(_seq_bytes(np.unique(folds)), dupdata=True, dupfixed_bytes=8, keyfixed=True)
-            survivor_rows = np.frombuffer(survivors, dtype=np.uint8).reshape(-1, 16)
-            survivor_seqs = survivor_rows[:, 8:].copy().view(_U64).astype(np.uint64).ravel()
+            self._remove_fold_rows(txn, entries, seq_keys, head)
+        txn.put(_META_COUNT, (self._counter(txn, _META_COUNT) - n).to_bytes(8, "big"), db=self._meta)
+        return n
+
+    def _remove_fold_rows(self, txn: Any, entries: np.ndarray, seq_keys: list[bytes], head: np.ndarray) -> None:
+        """Delete removed entries' folds, and the table rows of folds no surviving entry shares."""
+        n = len(entries)
+        keys, values, folds = table_rows(self.plan, head["fp"].reshape(n, self.words).astype(np.uint64))
+        fold_keys = _seq_bytes(folds)
+        for i in range(n):
+            txn.delete(fold_keys[i], seq_keys[i], db=self._folds)
+        with txn.cursor(self._folds) as cursor:
+            survivors = cursor.getmulti(_seq_bytes(np.unique(folds)), dupdata=True, dupfixed_bytes=8, keyfixed=True)
+        survivor_rows = np.frombuffer(survivors, dtype=np.uint8).reshape(-1, 16)
+        survivor_seqs = survivor_rows[:, 8:].copy().view(_U64).astype(np.uint64).ravel()
         if len(survivor_seqs):
             survivor_keys, survivor_values, _ = table_rows(self.plan, self._records(txn, survivor_seqs).fingerprints)
         for table, stored_table in enumerate(self._tables):
@@ -1208,8 +1227,36 @@ class SegmentIndex:
                 doomed_keys, doomed_values = doomed_keys[doomed], doomed_values[doomed]
             stored_table.delete(txn, doomed_keys, doomed_values)
             self._drop_staged(txn, table, doomed_keys, doomed_values)
-        txn.put(_META_COUNT, (self._counter(txn, _META_COUNT) - n).to_bytes(8, "big"), db=self._meta)
-        return n
+
+    def _unswept(self, txn: Any) -> np.ndarray:
+        """Per table, the entries removed since it was last swept (an entry-valued index's)."""
+        raw = txn.get(_META_UNSWEPT, db=self._meta)
+        return np.frombuffer(raw, dtype=_U64).astype(np.uint64) if raw else np.zeros(len(self._tables), np.uint64)
+
+    def _sweep_due(self, txn: Any, table: int) -> bool:
+        """Whether a table may hold as many rows of removed entries as of live ones, times 1 to 2 (staggered over
+        the tables, so that their sweeps fall on different batches): a sweep then reads at most three rows and
+        writes at most one per removal."""
+        unswept = int(self._unswept(txn)[table])
+        return unswept * len(self._tables) >= max(self._counter(txn, _META_COUNT), 1) * (len(self._tables) + table)
+
+    def _sweep(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Rewrite an entry-valued table with its stored rows and these (its staged rows and a batch's, keys
+        ascending within each), leaving out the rows of removed entries."""
+        stored_table = self._tables[table]
+        stored_keys, stored_values = stored_table.rows(txn)
+        keys, values = np.concatenate([stored_keys, keys]), np.concatenate([stored_values, values])
+        with txn.cursor(self._entries) as cursor:
+            live = np.frombuffer(b"".join(cursor.iternext(keys=True, values=False)), dtype=_U64).astype(np.uint64)
+        alive = np.isin(values, live, assume_unique=True)
+        keys, values = keys[alive], values[alive]
+        # Within a key, rows come in entry order (a table takes its rows batch after batch), which is the value
+        # order LMDB keeps; a stable sort of already sorted runs only merges them.
+        order = np.argsort(keys, kind="stable")
+        stored_table.replace(txn, keys[order], values[order])
+        unswept = self._unswept(txn).copy()
+        unswept[table] = 0
+        txn.put(_META_UNSWEPT, unswept.astype(_U64).tobytes(), db=self._meta)
 
     # ----------------------------------------------------------------- sources and rollback
 
@@ -1292,6 +1339,7 @@ class SegmentIndex:
             with txn.cursor(self._times) as cursor:
                 first_key = cursor.key() if cursor.first() else None
             staged_rows = sum(map(len, self._staged(txn)))
+            unswept = int(self._unswept(txn).max(initial=0)) if self._entry_valued else 0
         table_bytes = sum(v for k, v in disk.items() if k.startswith(names.INDEX_DB_TABLE_PREFIX))
         return {
             "path": str(self.path),
@@ -1309,6 +1357,8 @@ class SegmentIndex:
             "disk_bytes": sum(disk.values()),
             "table_bytes": table_bytes,
             "staged_rows": staged_rows,
+            # Entries removed whose table rows some table still holds, until it is swept (an index of entries).
+            "unswept_removals": unswept,
             "table_bytes_per_entry": table_bytes / count if count else None,
             "other_bytes_per_entry": (sum(disk.values()) - table_bytes) / count if count else None,
             "disk_bytes_by_db": disk,

@@ -18,6 +18,7 @@ bucket's values): lookups count a pair once however often it is found, and :meth
 
 from __future__ import annotations
 
+from itertools import starmap
 from typing import Any, Literal
 
 import numpy as np
@@ -155,6 +156,21 @@ class DuplicateRows(_Table):
         """Remove these rows where stored."""
         for key, value in zip(int_bytes(keys, self.key_bytes), int_bytes(values, self.value_bytes)):
             txn.delete(key, value, db=self.db)
+
+    def rows(self, txn: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Every stored row in key order: keys, values."""
+        with txn.cursor(self.db) as cursor:
+            return self.split_rows(b"".join(starmap(bytes.__add__, cursor.iternext())))
+
+    def replace(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
+        """Store exactly these rows (sorted by key, then value, none repeated), in place of all stored: written
+        in order with LMDB's append mode, which fills every page."""
+        txn.drop(self.db, delete=False)
+        with txn.cursor(self.db) as cursor:
+            _, added = cursor.putmulti(zip(int_bytes(keys, self.key_bytes), int_bytes(values, self.value_bytes)), append=True)
+        # Append mode skips a value not above the previous one of its key without an error.
+        if added != len(keys):
+            raise ValueError(f"{len(keys) - added} of {len(keys)} rows repeated, or out of value order within a key")
 
 
 class PackedBuckets(_Table):

@@ -472,9 +472,9 @@ def test_a_full_disk_fails_that_batch_and_loses_nothing_committed(tmp_path: Path
         assert index.query(fps[50:]) == [[]]
 
 
-def _start_writer(path: Path, log: Path) -> subprocess.Popen[str]:
+def _start_writer(path: Path, log: Path, kind: str = "folds") -> subprocess.Popen[str]:
     writer = subprocess.Popen(
-        [sys.executable, "-m", "tests.index.crash_writer", str(path), str(log)],
+        [sys.executable, "-m", "tests.index.crash_writer", str(path), str(log), kind],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     assert writer.stdout is not None
@@ -482,12 +482,12 @@ def _start_writer(path: Path, log: Path) -> subprocess.Popen[str]:
     return writer
 
 
-def _check_committed(path: Path, log: Path, known: int = -1) -> int:
+def _check_committed(path: Path, log: Path, known: int = -1, kind: str = "folds") -> int:
     """The reopened index holds exactly the logged batches and the ``known`` committed ones, plus possibly the one
     in flight. A writer killed between a commit and its log line leaves that batch unlogged, and the next writer
     resumes after it: the last check's answer is known too."""
     logged = [int(line) for line in log.read_text().split("\n")[:-1]] if log.exists() else []
-    with crash_writer.open_index(str(path)) as index:
+    with crash_writer.open_index(str(path), kind) as index:
         committed_through = index.source_offsets().get((crash_writer.TOPIC, 0), 0) // crash_writer.BATCH - 1
         last_known = max(logged[-1] if logged else -1, known)
         assert committed_through in (last_known, last_known + 1)
@@ -495,7 +495,7 @@ def _check_committed(path: Path, log: Path, known: int = -1) -> int:
         assert len(index) == crash_writer.BATCH * len(kept)
         gone = list(range(max(0, committed_through - crash_writer.KEEP_BATCHES - 1), kept[0] if kept else 0))
         for number in kept + gone + [committed_through + 1]:
-            ids, fps = crash_writer.batch(number)
+            ids, fps = crash_writer.batch(number, kind)
             hits = index.query(fps)
             present = [(own, 0) in found for own, found in zip(ids, hits)]
             assert all(present) if number in kept else not any(present), number
@@ -503,16 +503,18 @@ def _check_committed(path: Path, log: Path, known: int = -1) -> int:
 
 
 @pytest.mark.slow
-def test_kill_minus_nine_at_random_moments_never_loses_or_invents_a_committed_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["folds", "entries"])
+def test_kill_minus_nine_at_random_moments_never_loses_or_invents_a_committed_batch(tmp_path: Path, kind: str) -> None:
+    # Entry-valued tables are swept of evicted entries' rows while they merge, so kills land in sweeps too.
     path, log = tmp_path / "index", tmp_path / "committed.log"
     shuffle = random.Random(11)
     progress = []
     for _ in range(30):
-        writer = _start_writer(path, log)
+        writer = _start_writer(path, log, kind)
         time.sleep(shuffle.uniform(0.0, 0.4))
         os.kill(writer.pid, signal.SIGKILL)
         writer.communicate(timeout=30)
-        progress.append(_check_committed(path, log, progress[-1] if progress else -1))
+        progress.append(_check_committed(path, log, progress[-1] if progress else -1, kind))
     assert progress == sorted(progress)
     assert progress[-1] > 30
 
@@ -680,13 +682,82 @@ def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_re
         assert [sorted(i for i, _ in hits) for hits in index.query(stored)] == expected(alive)
     with SegmentIndex(path, None, None, payload_bytes=None, readonly=True) as reader:
         assert [sorted(i for i, _ in hits) for hits in reader.query(stored)] == expected(alive)
-    # Removal leaves no rows behind: one per keyed segment of each live entry, or of each live fold.
+    # Removal leaves no fold rows behind: one per keyed segment of each live fold. An index of entries keeps the
+    # removed entries' rows until their table is swept (tested below), and lookups skip them.
     if table_values == "entries":
-        wanted_rows = int((seg[alive] != 0).sum())
+        wanted_rows = int((seg != 0).sum())
     else:
         folds = np.bitwise_xor.reduce(stored, axis=1)
         wanted_rows = len({(t, int(seg[i, t]), int(folds[i])) for i in alive for t in range(segments) if seg[i, t]})
     assert _table_rows(path, segments, key_bytes=2, value_bytes=8) == wanted_rows
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), removals=st.integers(20, 38))
+def test_an_index_of_entries_sweeps_removed_rows_out_of_each_table_and_answers_exactly_throughout(
+    seed: int, removals: int
+) -> None:
+    # Removal leaves an entry-valued table's rows in place; each table drops them at a merge turn once they may
+    # be as many as its live rows. Lookups must never return a removed entry, and must find every live one.
+    from streamdedup.index.plan import make_segment_plan
+
+    rng = np.random.default_rng(seed)
+    bits, segments, size = 256, 8, 32
+    fps: dict[str, np.ndarray] = {}
+    live: list[str] = []
+    queries = _random(20, bits // 64, rng)
+    with tempfile.TemporaryDirectory() as tmp, SegmentIndex(tmp, bits, bits, plan=make_segment_plan(bits, segments)) as index:
+        for batch in range(30):
+            # Near copies of live entries (most segments new) and new ids, plus re-added live ids.
+            new = _random(40, bits // 64, rng)
+            if live:
+                sources = np.stack([fps[i] for i in rng.choice(live, 20)])
+                kept = rng.random((20, bits // 64)) < 0.25
+                new[:20] = np.where(kept, sources, new[:20])
+            ids = [f"b{batch}-{i}" for i in range(35)] + (list(rng.choice(live, 5, replace=False)) if len(live) >= 5 else [])
+            new = new[: len(ids)]
+            index.add(ids, new)
+            fps.update(zip(ids, new))
+            live = [i for i in live if i not in set(ids)] + ids
+            doomed = list(rng.choice(live, min(removals, len(live) - 1), replace=False))
+            assert index.remove(doomed) == len(doomed)
+            live = [i for i in live if i not in set(doomed)]
+            asked = np.concatenate([queries, np.stack([fps[i] for i in rng.choice(list(fps), 30)])])
+            alive = np.stack([fps[i] for i in live])
+            shares = ((_segments(asked, size)[:, None, :] == _segments(alive, size)[None, :, :])).any(axis=2)
+            assert [sorted(i for i, _ in hits) for hits in index.query(asked)] == [
+                sorted(live[j] for j in np.flatnonzero(row)) for row in shares
+            ]
+            # Every live entry has its row in every table (merged or staged); the rows of removed entries are
+            # no more than the removals each table counts since its last sweep.
+            live_seqs, rows = _entry_rows(index, segments)
+            with index._read() as txn:
+                unswept = index._unswept(txn)
+            for table in range(segments):
+                assert np.isin(live_seqs, rows[table]).all()
+                assert len(np.setdiff1d(rows[table], live_seqs)) <= unswept[table]
+            assert index.stats()["unswept_removals"] == unswept.max()
+        # All but a few removed, each table sweeps at its next turn: then it holds the live entries' rows alone.
+        index.remove(live[3:])
+        live = live[:3]
+        for turn in range(segments):
+            index.add([f"last-{turn}"], _random(1, bits // 64, rng))
+            live.append(f"last-{turn}")
+        live_seqs, rows = _entry_rows(index, segments)
+        assert len(live_seqs) == len(live) and all(sorted(r.tolist()) == live_seqs.tolist() for r in rows)
+        assert index.stats()["unswept_removals"] == 0
+
+
+def _entry_rows(index: SegmentIndex, tables: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The live entries' keys, and per table the entry keys its rows name, merged or staged (white box)."""
+    env = index.env
+    with env.begin() as txn:
+        live = np.frombuffer(b"".join(txn.cursor(env.open_db(b"entries", txn=txn)).iternext(values=False)), ">u8")
+        rows = [[v for _, v in txn.cursor(env.open_db(f"table-{t}".encode(), txn=txn))] for t in range(tables)]
+        for blob_key, blob in txn.cursor(env.open_db(b"table-staged", txn=txn)):
+            # Staged rows pack (4-byte key, 8-byte entry key) end to end.
+            rows[int.from_bytes(blob_key[:2], "big")].extend(blob[i + 4 : i + 12] for i in range(0, len(blob), 12))
+    return live.astype(np.uint64), [np.frombuffer(b"".join(r), ">u8").astype(np.uint64) for r in rows]
 
 
 def _table_rows(path: Path, tables: int, key_bytes: int, value_bytes: int) -> int:

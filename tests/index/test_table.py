@@ -91,3 +91,29 @@ def test_buckets_take_less_room_than_dupsort_rows_when_keys_hold_many(tmp_path: 
         used[layout] = (stat["leaf_pages"] + stat["branch_pages"] + stat["overflow_pages"]) * stat["psize"] / 1_000_000
         env.close()
     assert used[PackedBuckets] <= 11.0 < 12.0 <= used[DuplicateRows]
+
+
+def test_rows_read_back_every_row_in_order_and_replace_stores_exactly_the_rows_given(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 28)
+    table = DuplicateRows(env.open_db(b"t", **DuplicateRows.flags), 32, 4, 8)
+    keys = rng.integers(0, 2**32, 5_000).astype(np.uint64)
+    keys[:100] = keys[100:200]  # keys of two rows
+    values = rng.choice(2**40, 5_000, replace=False).astype(np.uint64)
+    with env.begin(write=True) as txn:
+        order = np.argsort(keys, kind="stable")
+        table.insert(txn, keys[order], values[order])
+    by_row = np.lexsort((values, keys))
+    with env.begin() as txn:
+        stored_keys, stored_values = table.rows(txn)
+    assert stored_keys.tolist() == keys[by_row].tolist() and stored_values.tolist() == values[by_row].tolist()
+    kept = by_row[::3]
+    with env.begin(write=True) as txn:
+        table.replace(txn, keys[kept], values[kept])
+    with env.begin() as txn:
+        assert [row.tolist() for row in table.rows(txn)] == [keys[kept].tolist(), values[kept].tolist()]
+        assert txn.stat(table.db)["entries"] == len(kept)
+    # Append mode drops a key's value that comes after a greater one without an error: replace refuses it.
+    with env.begin(write=True) as txn, pytest.raises(ValueError, match="1 of 3 rows"):
+        table.replace(txn, np.array([5, 7, 7], dtype=np.uint64), np.array([1, 9, 8], dtype=np.uint64))
+    env.close()
