@@ -1200,16 +1200,17 @@ class SegmentIndex:
             # Each entry has rows of its own, and they stay, staged or merged, until their table is swept: a
             # lookup reads every candidate's record and drops those of removed entries. Deleting them here
             # dirtied a random page of every table per entry, which each commit wrote out again.
-            dead = self._unswept(txn) + np.uint64(n)
-            txn.put(_META_UNSWEPT, dead.astype(_U64).tobytes(), db=self._meta)
+            unswept = self._unswept(txn) + np.uint64(n)
+            txn.put(_META_UNSWEPT, unswept.astype(_U64).tobytes(), db=self._meta)
         else:
-            self._remove_fold_rows(txn, entries, seq_keys, head)
+            self._remove_fold_rows(txn, seq_keys, head)
         txn.put(_META_COUNT, (self._counter(txn, _META_COUNT) - n).to_bytes(8, "big"), db=self._meta)
         return n
 
-    def _remove_fold_rows(self, txn: Any, entries: np.ndarray, seq_keys: list[bytes], head: np.ndarray) -> None:
-        """Delete removed entries' folds, and the table rows of folds no surviving entry shares."""
-        n = len(entries)
+    def _remove_fold_rows(self, txn: Any, seq_keys: list[bytes], head: np.ndarray) -> None:
+        """Delete removed entries' folds (entry keys and records given), and the table rows of folds no surviving
+        entry shares."""
+        n = len(head)
         keys, values, folds = table_rows(self.plan, head["fp"].reshape(n, self.words).astype(np.uint64))
         fold_keys = _seq_bytes(folds)
         for i in range(n):

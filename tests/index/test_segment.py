@@ -753,33 +753,34 @@ def _entry_rows(index: SegmentIndex, tables: int) -> tuple[np.ndarray, list[np.n
     env = index.env
     with env.begin() as txn:
         live = np.frombuffer(b"".join(txn.cursor(env.open_db(b"entries", txn=txn)).iternext(values=False)), ">u8")
-        rows = [[v for _, v in txn.cursor(env.open_db(f"table-{t}".encode(), txn=txn))] for t in range(tables)]
-        for blob_key, blob in txn.cursor(env.open_db(b"table-staged", txn=txn)):
-            # Staged rows pack (4-byte key, 8-byte entry key) end to end.
-            rows[int.from_bytes(blob_key[:2], "big")].extend(blob[i + 4 : i + 12] for i in range(0, len(blob), 12))
-    return live.astype(np.uint64), [np.frombuffer(b"".join(r), ">u8").astype(np.uint64) for r in rows]
+    rows = _stored_rows(env, tables, key_bytes=4, value_bytes=8)
+    return live.astype(np.uint64), [np.frombuffer(b"".join(v for _, v in r), ">u8").astype(np.uint64) for r in rows]
 
 
 def _table_rows(path: Path, tables: int, key_bytes: int, value_bytes: int) -> int:
-    """Distinct (table, key, value) rows, merged or still staged (white box: a bucket packs its key's values end
-    to end, and a staged blob packs rows of the table its key starts with; either may repeat a row)."""
+    """Distinct (table, key, value) rows, merged or still staged."""
     env = lmdb.open(str(path), max_dbs=64, subdir=True, readonly=True)
     try:
-        rows = set()
-        with env.begin() as txn:
-            for t in range(tables):
-                db = env.open_db(f"table-{t}".encode(), txn=txn)
-                for key, value in txn.cursor(db):
-                    # A dupsort row is one value; a bucket is several, each value_bytes long.
-                    rows.update((t, key, value[i : i + value_bytes]) for i in range(0, len(value), value_bytes))
-            for blob_key, blob in txn.cursor(env.open_db(b"table-staged", txn=txn)):
-                t = int.from_bytes(blob_key[:2], "big")
-                size = key_bytes + value_bytes
-                packed = [blob[i : i + size] for i in range(0, len(blob), size)]
-                rows.update((t, row[:key_bytes], row[key_bytes:]) for row in packed)
-        return len(rows)
+        rows = _stored_rows(env, tables, key_bytes, value_bytes)
+        return len({(t, key, value) for t, table_rows in enumerate(rows) for key, value in table_rows})
     finally:
         env.close()
+
+
+def _stored_rows(env: lmdb.Environment, tables: int, key_bytes: int, value_bytes: int) -> list[list[tuple[bytes, bytes]]]:
+    """Per table, its (key, value) rows, merged and still staged (white box: a bucket packs its key's values end
+    to end, and a staged blob packs rows of the table its key starts with; either may repeat a row)."""
+    rows: list[list[tuple[bytes, bytes]]] = [[] for _ in range(tables)]
+    with env.begin() as txn:
+        for t in range(tables):
+            for key, value in txn.cursor(env.open_db(f"table-{t}".encode(), txn=txn)):
+                # A dupsort row is one value; a bucket is several, each value_bytes long.
+                rows[t].extend((key, value[i : i + value_bytes]) for i in range(0, len(value), value_bytes))
+        size = key_bytes + value_bytes
+        for blob_key, blob in txn.cursor(env.open_db(b"table-staged", txn=txn)):
+            packed = [blob[i : i + size] for i in range(0, len(blob), size)]
+            rows[int.from_bytes(blob_key[:2], "big")].extend((row[:key_bytes], row[key_bytes:]) for row in packed)
+    return rows
 
 
 def test_search_entries_returns_the_records_row_for_row(tmp_path: Path) -> None:
