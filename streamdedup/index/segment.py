@@ -1255,7 +1255,7 @@ class SegmentIndex:
         # order LMDB keeps; a stable sort of already sorted runs only merges them.
         order = np.argsort(keys, kind="stable")
         stored_table.replace(txn, keys[order], values[order])
-        unswept = self._unswept(txn).copy()
+        unswept = self._unswept(txn)
         unswept[table] = 0
         txn.put(_META_UNSWEPT, unswept.astype(_U64).tobytes(), db=self._meta)
 
