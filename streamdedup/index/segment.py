@@ -63,7 +63,8 @@ from ..settings import IndexSettings
 from .key_filter import KeyFilter
 from .keys import TableKeys, first_copies, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
-from .staged import StagedRows
+from .mirror import TableMirror
+from .sorted_rows import SortedRows
 from .table import BIG_ENDIAN_U64 as _U64
 from .table import DuplicateRows, PackedBuckets, TableLayout, rows_in, table_class
 
@@ -159,9 +160,11 @@ class _TransactionState(threading.local):
     def __init__(self) -> None:
         self.writing = False
         self.changed = False
-        self.staged: list[StagedRows] | None = None
+        self.staged: list[SortedRows] | None = None
         # (filter, keyed-writes count before) for each batch whose keys went into that filter in this transaction.
         self.filtered: list[tuple[KeyFilter, int]] = []
+        # The merged tables' copy in memory as this transaction changes them, published when it commits.
+        self.mirror: TableMirror | None = None
 
 
 def _staged_key(table: int, first_seq: int) -> bytes:
@@ -230,6 +233,7 @@ class SegmentIndex:
         max_map_size: int | None = None,
         sync: bool = True,
         readonly: bool = False,
+        mirror_bytes: int = 256 << 20,
     ) -> None:
         self.path = Path(path)
         self.sync = sync
@@ -240,10 +244,12 @@ class SegmentIndex:
         self._max_map_size = max_map_size
         # Staged rows per table as of a generation; the write transaction in progress works on a copy,
         # published here once it commits. Per thread, like LMDB's transactions.
-        self._staged_cache: tuple[int, list[StagedRows]] | None = None
+        self._staged_cache: tuple[int, list[SortedRows]] | None = None
         self._txn = _TransactionState()
         self._key_filter: KeyFilter | None = None
         self._key_filter_pointless = False  # the index outgrew what a filter can serve: none is kept
+        self._mirror_bytes = mirror_bytes
+        self._mirror: TableMirror | None = None
         if not readonly:
             self.path.mkdir(parents=True, exist_ok=True)
         elif not (self.path / "data.mdb").exists():
@@ -290,6 +296,7 @@ class SegmentIndex:
             max_map_size=settings.max_map_size_bytes,
             sync=settings.sync,
             readonly=readonly,
+            mirror_bytes=settings.mirror_bytes,
         )
 
     # ----------------------------------------------------------------- opening
@@ -446,6 +453,8 @@ class SegmentIndex:
                     for key_filter, keyed_before in self._txn.filtered:
                         if key_filter.covers == keyed_before:
                             key_filter.covers = keyed_before + 1
+                    if self._txn.mirror is not None:
+                        self._mirror = self._txn.mirror
                     return result
             except lmdb.MapFullError:
                 size = self.env.info()["map_size"]
@@ -461,11 +470,11 @@ class SegmentIndex:
     @contextmanager
     def _staging_transaction(self) -> Iterator[None]:
         state = self._txn
-        state.writing, state.staged, state.changed, state.filtered = True, None, False, []
+        state.writing, state.staged, state.changed, state.filtered, state.mirror = True, None, False, [], None
         try:
             yield
         finally:
-            state.writing, state.staged, state.changed, state.filtered = False, None, False, []
+            state.writing, state.staged, state.changed, state.filtered, state.mirror = False, None, False, [], None
 
     def _bump_staged_generation(self, txn: Any) -> int | None:
         """A new generation number when this transaction changed the staged rows (so that other processes
@@ -476,7 +485,7 @@ class SegmentIndex:
         txn.put(_META_STAGED_GENERATION, generation.to_bytes(8, "big"), db=self._meta)
         return generation
 
-    def _staged(self, txn: Any) -> list[StagedRows]:
+    def _staged(self, txn: Any) -> list[SortedRows]:
         """Per table, the staged rows as ``txn`` sees them."""
         state = self._txn
         if state.staged is not None:
@@ -490,7 +499,7 @@ class SegmentIndex:
         state.staged = list(cached[1])
         return state.staged
 
-    def _load_staged(self, txn: Any) -> list[StagedRows]:
+    def _load_staged(self, txn: Any) -> list[SortedRows]:
         blobs: list[list[bytes]] = [[] for _ in self._tables]
         if self._staged_db is not None:
             with txn.cursor(self._staged_db) as cursor:
@@ -500,7 +509,7 @@ class SegmentIndex:
         for table, parts in enumerate(blobs):
             keys, values = self._tables[table].split_rows(b"".join(parts))
             order = np.argsort(keys, kind="stable")
-            staged.append(StagedRows(keys[order], values[order], self._tables[table].key_bits))
+            staged.append(SortedRows(keys[order], values[order], self._tables[table].key_bits))
         return staged
 
     def _stage(self, txn: Any, table: int, first_seq: int, keys: np.ndarray, values: np.ndarray) -> None:
@@ -522,6 +531,7 @@ class SegmentIndex:
         else:
             order = np.argsort(keys, kind="stable")
             self._tables[table].insert(txn, keys[order], values[order])
+            self._mirror_inserted(txn, table, keys[order], values[order])
         if len(old_keys):
             self._unstage(txn, table)
             staged[table] = staged[table].emptied()
@@ -548,6 +558,42 @@ class SegmentIndex:
         if kept.any():
             rows = staged[table]
             txn.put(_staged_key(table, 0), self._tables[table].join_rows(rows.keys, rows.values), db=self._staged_db)
+
+    # ----------------------------------------------------------------- merged tables in memory
+
+    def _table_mirror(self, txn: Any) -> TableMirror | None:
+        """The merged tables' copy in memory as ``txn`` sees them (``mirror.py``), or None: only an entry-valued
+        index's writer keeps one. A write transaction starts from the copy made at its keyed-batch count, or from
+        an empty one, and merges fill it in table by table."""
+        if not self._entry_valued or self.readonly or not self._mirror_bytes:
+            return None
+        state = self._txn
+        if state.writing and state.mirror is not None:
+            return state.mirror
+        keyed = self._counter(txn, _META_KEYED_WRITES)
+        current = self._mirror
+        if current is None or current.covers != keyed:
+            if not state.writing:
+                return None
+            current = TableMirror.empty(keyed, len(self._tables), self._mirror_bytes)
+        if state.writing:
+            state.mirror = current
+        return current
+
+    def _mirror_inserted(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Bring a table's copy in memory up to rows just merged into it (keys ascending; every value above the
+        stored ones, as entry keys only grow); with no copy yet, make one from the whole table if it fits."""
+        mirror = self._table_mirror(txn)
+        if mirror is None:
+            return
+        current = mirror.tables[table]
+        if current is not None:
+            rows = current.merged(keys, values)
+        elif mirror.fits(txn.stat(self._tables[table].db)["entries"]):
+            rows = SortedRows(*self._tables[table].rows(txn), self._tables[table].key_bits)
+        else:
+            return
+        self._txn.mirror = mirror.with_table(table, rows)
 
     # ----------------------------------------------------------------- encoding
 
@@ -619,13 +665,19 @@ class SegmentIndex:
         probed = batch_keys.keys.ravel()[flat]
         table_bounds = np.searchsorted(flat, np.arange(tables + 1) * n).tolist()
         staged = self._staged(txn)
+        mirror = self._table_mirror(txn)
         found_probes, found_values = [], []
         for table, stored_table in enumerate(self._tables):
             low, high = table_bounds[table], table_bounds[table + 1]
             if low == high:
                 continue
             table_probed = probed[low:high]
-            owners, stored = stored_table.read(txn, table_probed)
+            mirrored = mirror.tables[table] if mirror is not None else None
+            if mirrored is not None:
+                mirrored_rows, owners = _expand_ranges(*mirrored.bounds(table_probed))
+                stored = mirrored.values[mirrored_rows]
+            else:
+                owners, stored = stored_table.read(txn, table_probed)
             if len(owners):
                 found_probes.append(low + owners)
                 found_values.append(stored)
@@ -1003,6 +1055,7 @@ class SegmentIndex:
         with txn.cursor(self._ids) as cursor:
             cursor.putmulti(zip(id_keys, seq_keys))
         batch_keys: TableKeys = batch["keys"]
+        self._table_mirror(txn)  # taken up at the count before this batch moves it
         keyed = self._counter(txn, _META_KEYED_WRITES)
         txn.put(_META_KEYED_WRITES, (keyed + 1).to_bytes(8, "big"), db=self._meta)
         txn.delete(_META_KEY_FILTER_TOKEN, db=self._meta)
@@ -1029,6 +1082,8 @@ class SegmentIndex:
             else:
                 self._stage(txn, table, first_seq, keys, values)
         txn.put(_META_NEXT_MERGE, (merged + 1).to_bytes(8, "big"), db=self._meta)
+        if self._txn.mirror is not None:
+            self._txn.mirror = self._txn.mirror.advanced(keyed + 1)
         # One row per (time bucket, batch): the batch's entry keys in that bucket as (start, stop) runs.
         buckets = self._buckets(times)
         order = np.argsort(buckets, kind="stable")
@@ -1255,6 +1310,9 @@ class SegmentIndex:
         # order LMDB keeps; a stable sort of already sorted runs only merges them.
         order = np.argsort(keys, kind="stable")
         stored_table.replace(txn, keys[order], values[order])
+        mirror = self._table_mirror(txn)
+        if mirror is not None:
+            self._txn.mirror = mirror.with_table(table, SortedRows(keys[order], values[order], stored_table.key_bits))
         unswept = self._unswept(txn)
         unswept[table] = 0
         txn.put(_META_UNSWEPT, unswept.astype(_U64).tobytes(), db=self._meta)

@@ -812,3 +812,100 @@ def test_stats_count_the_rows_still_staged(tmp_path: Path) -> None:
         assert index.stats()["staged_rows"] == 100 * (tables - 1)
         index.remove(ids)
         assert index.stats()["staged_rows"] == 0
+
+
+# --- the writer's copy of the merged tables in memory ----------------------------------------------------
+
+
+def _near_stream(rng: np.random.Generator, batches: int, size: int, bits: int) -> list[np.ndarray]:
+    """Batches of random fingerprints, half of each batch near copies (a quarter of the words kept) of earlier ones."""
+    out: list[np.ndarray] = []
+    for _ in range(batches):
+        new = _random(size, bits // 64, rng)
+        if out:
+            earlier = np.concatenate(out)
+            sources = earlier[rng.integers(0, len(earlier), size // 2)]
+            new[: size // 2] = np.where(rng.random((size // 2, bits // 64)) < 0.25, sources, new[: size // 2])
+        out.append(new)
+    return out
+
+
+@pytest.mark.parametrize("mirror_bytes", [256 << 20, 8 * 16 * 150])
+def test_the_writers_copy_of_the_merged_tables_answers_as_lmdb_does(tmp_path: Path, mirror_bytes: int) -> None:
+    # Two writers take the same batches and removals (so sweeps too), one reading its merged tables from LMDB
+    # alone; with a budget of 150 rows a table the copies are dropped as the tables outgrow it.
+    from streamdedup.index.plan import make_segment_plan
+
+    rng = np.random.default_rng(21)
+    bits, segments = 256, 8
+    plan = make_segment_plan(bits, segments)
+    batches = _near_stream(rng, 24, 40, bits)
+    with (
+        SegmentIndex(tmp_path / "mirrored", bits, bits, plan=plan, mirror_bytes=mirror_bytes) as mirrored,
+        SegmentIndex(tmp_path / "lmdb", bits, bits, plan=plan, mirror_bytes=0) as plain,
+    ):
+        mirrored_tables = []
+        for number, batch in enumerate(batches):
+            ids = [f"b{number}-{i}" for i in range(len(batch))]
+            for index in (mirrored, plain):
+                index.add(ids, batch)
+                if number % 3 == 2:
+                    assert index.remove(ids[::4]) == len(ids[::4])
+            asked = np.concatenate(batches[: number + 1])
+            assert mirrored.query(asked) == plain.query(asked)
+            assert mirrored.search(asked).entries.tolist() == plain.search(asked).entries.tolist()
+            mirrored_tables.append(sum(rows is not None for rows in mirrored._mirror.tables))
+        assert plain._mirror is None
+    if mirror_bytes > 8 * 16 * 150:
+        # Each table is copied at its first merge and kept: all eight answer from memory after eight batches.
+        assert mirrored_tables[:8] == list(range(1, 9)) and set(mirrored_tables[8:]) == {8}
+    else:
+        assert max(mirrored_tables) >= 1 and mirrored_tables[-1] == 0
+
+
+_ADD_BATCHES = """
+import sys
+import numpy as np
+from streamdedup.index import SegmentIndex
+batches = np.load(sys.argv[2])
+with SegmentIndex(sys.argv[1], None, None, payload_bytes=None) as index:
+    for number, batch in enumerate(batches):
+        index.add([f"other-{number}-{i}" for i in range(len(batch))], batch)
+"""
+
+
+def test_the_writers_copy_is_not_used_after_another_process_writes_or_a_batch_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamdedup.index.plan import make_segment_plan
+
+    rng = np.random.default_rng(22)
+    bits, segments = 256, 8
+    with SegmentIndex(tmp_path, bits, bits, plan=make_segment_plan(bits, segments)) as index:
+        for number in range(segments):
+            index.add([f"own-{number}-{i}" for i in range(20)], _random(20, bits // 64, rng))
+        assert all(rows is not None for rows in index._mirror.tables)
+        # Another process adds a batch per table: every table merges the first one's rows, which the copy lacks.
+        others = np.stack([_random(10, bits // 64, rng) for _ in range(segments)])
+        np.save(tmp_path.parent / "others.npy", others)
+        subprocess.run(
+            [sys.executable, "-c", _ADD_BATCHES, str(tmp_path), str(tmp_path.parent / "others.npy")],
+            check=True, cwd=ROOT, timeout=120,
+        )
+        assert index.query(others[0]) == [[(f"other-0-{i}", 0)] for i in range(10)]
+
+        # A batch that fails after its merge: the entry keys it took are given to the next batch, so rows of it
+        # left in the copy would name that batch's documents.
+        failed, next_batch = _random(10, bits // 64, rng), _random(10, bits // 64, rng)
+
+        def unstage_fails(*_: object) -> None:
+            raise RuntimeError("the batch fails after its rows were merged")
+
+        monkeypatch.setattr(index, "_unstage", unstage_fails)
+        with pytest.raises(RuntimeError, match="after its rows were merged"):
+            index.add([f"failed-{i}" for i in range(10)], failed)
+        monkeypatch.undo()
+        index.add([f"next-{i}" for i in range(10)], next_batch)
+        assert index.query(failed) == [[]] * 10
+        assert index.query(next_batch) == [[(f"next-{i}", 0)] for i in range(10)]
+        assert sum(rows is not None for rows in index._mirror.tables) >= 1

@@ -1,21 +1,22 @@
-"""A table's staged rows as lookups see them: a sorted copy in memory of the rows a table has not merged yet.
+"""Table rows in memory, sorted by key, as lookups see them: a table's staged rows (those it has not merged
+yet), and a writer's mirror of its merged rows (``mirror.py``).
 
-Immutable: a change makes new staged rows, so whatever a lookup builds on one stays valid for as long as it
-is in use, and a reader's copy is shared by every batch until another process changes the rows.
+Immutable: a change makes new rows, so whatever a lookup builds on one stays valid for as long as it is in
+use, and a reader's copy is shared by every batch until another process changes the rows.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["StagedRows"]
+__all__ = ["SortedRows"]
 
 # Keys this short get a bucket-start array (2**bits + 1 words) in place of two binary searches per probe.
 _DENSE_KEY_BITS = 20
 
 
-class StagedRows:
-    """One table's staged rows: ``keys`` ascending, ``values`` beside them, keys of ``key_bits`` bits."""
+class SortedRows:
+    """One table's rows: ``keys`` ascending, ``values`` beside them, keys of ``key_bits`` bits."""
 
     def __init__(self, keys: np.ndarray, values: np.ndarray, key_bits: int) -> None:
         self.keys = keys
@@ -27,13 +28,13 @@ class StagedRows:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def emptied(self) -> StagedRows:
-        return StagedRows(self.keys[:0], self.values[:0], self.key_bits)
+    def emptied(self) -> SortedRows:
+        return SortedRows(self.keys[:0], self.values[:0], self.key_bits)
 
-    def kept(self, mask: np.ndarray) -> StagedRows:
-        return StagedRows(self.keys[mask], self.values[mask], self.key_bits)
+    def kept(self, mask: np.ndarray) -> SortedRows:
+        return SortedRows(self.keys[mask], self.values[mask], self.key_bits)
 
-    def merged(self, keys: np.ndarray, values: np.ndarray) -> StagedRows:
+    def merged(self, keys: np.ndarray, values: np.ndarray) -> SortedRows:
         """These rows (``keys`` ascending) merged in, after the equal keys already here. Not ``np.insert``:
         that sorts the positions again and builds its mask once per array."""
         slots = np.searchsorted(self.keys, keys, side="right") + np.arange(len(keys))
@@ -43,7 +44,7 @@ class StagedRows:
         merged_values = np.empty(len(old_slots), self.values.dtype)
         merged_keys[slots], merged_values[slots] = keys, values
         merged_keys[old_slots], merged_values[old_slots] = self.keys, self.values
-        return StagedRows(merged_keys, merged_values, self.key_bits)
+        return SortedRows(merged_keys, merged_values, self.key_bits)
 
     def bounds(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each probe key, the range [low, high) of the rows holding it."""

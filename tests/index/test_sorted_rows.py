@@ -2,15 +2,15 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamdedup.index.staged import StagedRows
+from streamdedup.index.sorted_rows import SortedRows
 
 
-def _rows(keys: list[int], key_bits: int) -> StagedRows:
+def _rows(keys: list[int], key_bits: int) -> SortedRows:
     ordered = np.sort(np.array(keys, dtype=np.uint64))
-    return StagedRows(ordered, ordered * np.uint64(3) + np.uint64(1), key_bits)
+    return SortedRows(ordered, ordered * np.uint64(3) + np.uint64(1), key_bits)
 
 
-def _brute_bounds(rows: StagedRows, probes: np.ndarray) -> tuple[list[int], list[int]]:
+def _brute_bounds(rows: SortedRows, probes: np.ndarray) -> tuple[list[int], list[int]]:
     keys = rows.keys.tolist()
     low = [next((i for i, key in enumerate(keys) if key >= probe), len(keys)) for probe in probes.tolist()]
     high = [next((i for i, key in enumerate(keys) if key > probe), len(keys)) for probe in probes.tolist()]
