@@ -1298,9 +1298,12 @@ class SegmentIndex:
 
     def _sweep(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Rewrite an entry-valued table with its stored rows and these (its staged rows and a batch's, keys
-        ascending within each), leaving out the rows of removed entries."""
+        ascending within each), leaving out the rows of removed entries. The stored rows come from the table's
+        copy in memory when there is one (reading them from LMDB costs ~0.75 us a row)."""
         stored_table = self._tables[table]
-        stored_keys, stored_values = stored_table.rows(txn)
+        mirror = self._table_mirror(txn)
+        mirrored = mirror.tables[table] if mirror is not None else None
+        stored_keys, stored_values = (mirrored.keys, mirrored.values) if mirrored is not None else stored_table.rows(txn)
         keys, values = np.concatenate([stored_keys, keys]), np.concatenate([stored_values, values])
         with txn.cursor(self._entries) as cursor:
             live = np.frombuffer(b"".join(cursor.iternext(keys=True, values=False)), dtype=_U64).astype(np.uint64)
@@ -1310,7 +1313,6 @@ class SegmentIndex:
         # order LMDB keeps; a stable sort of already sorted runs only merges them.
         order = np.argsort(keys, kind="stable")
         stored_table.replace(txn, keys[order], values[order])
-        mirror = self._table_mirror(txn)
         if mirror is not None:
             self._txn.mirror = mirror.with_table(table, SortedRows(keys[order], values[order], stored_table.key_bits))
         unswept = self._unswept(txn)

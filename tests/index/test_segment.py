@@ -692,10 +692,12 @@ def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_re
     assert _table_rows(path, segments, key_bytes=2, value_bytes=8) == wanted_rows
 
 
+# Swept from the writer's copy of the table in memory, or from LMDB without one.
+@pytest.mark.parametrize("mirror_bytes", [256 << 20, 0])
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), removals=st.integers(20, 38))
 def test_an_index_of_entries_sweeps_removed_rows_out_of_each_table_and_answers_exactly_throughout(
-    seed: int, removals: int
+    mirror_bytes: int, seed: int, removals: int
 ) -> None:
     # Removal leaves an entry-valued table's rows in place; each table drops them at a merge turn once they may
     # be as many as its live rows. Lookups must never return a removed entry, and must find every live one.
@@ -706,7 +708,8 @@ def test_an_index_of_entries_sweeps_removed_rows_out_of_each_table_and_answers_e
     fps: dict[str, np.ndarray] = {}
     live: list[str] = []
     queries = _random(20, bits // 64, rng)
-    with tempfile.TemporaryDirectory() as tmp, SegmentIndex(tmp, bits, bits, plan=make_segment_plan(bits, segments)) as index:
+    plan = make_segment_plan(bits, segments)
+    with tempfile.TemporaryDirectory() as tmp, SegmentIndex(tmp, bits, bits, plan=plan, mirror_bytes=mirror_bytes) as index:
         for batch in range(30):
             # Near copies of live entries (most segments new) and new ids, plus re-added live ids.
             new = _random(40, bits // 64, rng)
@@ -746,6 +749,8 @@ def test_an_index_of_entries_sweeps_removed_rows_out_of_each_table_and_answers_e
         live_seqs, rows = _entry_rows(index, segments)
         assert len(live_seqs) == len(live) and all(sorted(r.tolist()) == live_seqs.tolist() for r in rows)
         assert index.stats()["unswept_removals"] == 0
+        mirrored = [] if index._mirror is None else [rows for rows in index._mirror.tables if rows is not None]
+        assert len(mirrored) == (segments if mirror_bytes else 0)
 
 
 def _entry_rows(index: SegmentIndex, tables: int) -> tuple[np.ndarray, list[np.ndarray]]:
