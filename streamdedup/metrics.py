@@ -207,6 +207,16 @@ class ServiceMetrics:
             "Largest size the LMDB map can grow to: its configured maximum, or what its filesystem can hold.",
             **common,
         )
+        self.index_mirror_bytes = Gauge(
+            "index_mirror_bytes",
+            "Memory the decision process holds in its copy of the index's merged tables (capped by index.mirror_bytes).",
+            **common,
+        )
+        self.index_mirrored_tables = Gauge(
+            "index_mirrored_tables",
+            "Index tables whose lookups that copy answers; the others read LMDB's B-trees (slower).",
+            **common,
+        )
         self.index_expired_entries = Counter(
             "index_expired_entries", "Index entries removed for age or capacity.", **common
         )
@@ -301,17 +311,27 @@ class ServiceMetrics:
             self.last_commit_timestamp.set(time.time())
 
     def record_index(
-        self, *, entries: int, used_bytes: int, map_size_bytes: int, capacity_bytes: int, expired: int = 0
+        self,
+        *,
+        entries: int,
+        used_bytes: int,
+        map_size_bytes: int,
+        capacity_bytes: int,
+        mirror_bytes: int = 0,
+        mirrored_tables: int = 0,
+        expired: int = 0,
     ) -> None:
         """Set the index size gauges and count entries expired since the last call.
 
-        From ``SegmentIndex.usage()``: entries, used_bytes = ``disk_bytes``, map_size_bytes = ``map_size``;
-        capacity_bytes from :func:`index_capacity_bytes`.
+        From ``SegmentIndex.usage()``: entries, used_bytes = ``disk_bytes``, map_size_bytes = ``map_size``,
+        mirror_bytes and mirrored_tables; capacity_bytes from :func:`index_capacity_bytes`.
         """
         self.index_entries.set(entries)
         self.index_used_bytes.set(used_bytes)
         self.index_map_size_bytes.set(map_size_bytes)
         self.index_capacity_bytes.set(capacity_bytes)
+        self.index_mirror_bytes.set(mirror_bytes)
+        self.index_mirrored_tables.set(mirrored_tables)
         if expired:
             self.index_expired_entries.inc(expired)
 

@@ -665,6 +665,8 @@ class DedupService(Lifecycle):
             used_bytes=usage["disk_bytes"],
             map_size_bytes=usage["map_size"],
             capacity_bytes=index_capacity_bytes(self._decisions.path, usage["disk_bytes"]),
+            mirror_bytes=usage["mirror_bytes"],
+            mirrored_tables=usage["mirrored_tables"],
             expired=expired,
         )
 

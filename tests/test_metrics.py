@@ -46,6 +46,8 @@ EXPECTED_FAMILIES = {
     "streamdedup_index_used_bytes": ("gauge", set()),
     "streamdedup_index_map_size_bytes": ("gauge", set()),
     "streamdedup_index_capacity_bytes": ("gauge", set()),
+    "streamdedup_index_mirror_bytes": ("gauge", set()),
+    "streamdedup_index_mirrored_tables": ("gauge", set()),
     "streamdedup_index_expired_entries": ("counter", set()),
     "streamdedup_consumer_lag_records": ("gauge", {"topic", "partition"}),
     "streamdedup_consumer_lag_seconds": ("gauge", {"topic", "partition"}),
@@ -196,11 +198,21 @@ def test_transactions_set_the_last_commit_time_only_when_committed() -> None:
 def test_index_gauges_and_expired_counter() -> None:
     metrics = ServiceMetrics()
     metrics.record_index(entries=1000, used_bytes=409_600, map_size_bytes=1 << 30, capacity_bytes=1 << 34, expired=12)
-    metrics.record_index(entries=990, used_bytes=405_504, map_size_bytes=1 << 30, capacity_bytes=1 << 34, expired=10)
+    metrics.record_index(
+        entries=990,
+        used_bytes=405_504,
+        map_size_bytes=1 << 30,
+        capacity_bytes=1 << 34,
+        mirror_bytes=31_680,
+        mirrored_tables=2,
+        expired=10,
+    )
     assert value(metrics, "streamdedup_index_entries") == 990
     assert value(metrics, "streamdedup_index_used_bytes") == 405_504
     assert value(metrics, "streamdedup_index_map_size_bytes") == 1 << 30
     assert value(metrics, "streamdedup_index_capacity_bytes") == 1 << 34
+    assert value(metrics, "streamdedup_index_mirror_bytes") == 31_680
+    assert value(metrics, "streamdedup_index_mirrored_tables") == 2
     assert value(metrics, "streamdedup_index_expired_entries_total") == 22
 
 

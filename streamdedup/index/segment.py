@@ -1385,11 +1385,19 @@ class SegmentIndex:
         return [(name, db) for name, db in dbs if db is not None]
 
     def usage(self) -> dict[str, int]:
-        """What the index holds and occupies: entries, disk_bytes (LMDB pages in use), map_size. Cheap enough
-        for a service to refresh every few seconds, unlike ``stats`` (its plan's recall table)."""
+        """What the index holds and occupies: entries, disk_bytes (LMDB pages in use), map_size, and this writer's
+        copy of the merged tables in memory (mirrored_tables of them, in mirror_bytes). Cheap enough for a service
+        to refresh every few seconds, unlike ``stats`` (its plan's recall table)."""
         with self._read() as txn:
             count = self._counter(txn, _META_COUNT)
-        return {"entries": count, "disk_bytes": sum(self.disk_bytes().values()), "map_size": self.env.info()["map_size"]}
+        mirrored = [rows for rows in self._mirror.tables if rows is not None] if self._mirror is not None else []
+        return {
+            "entries": count,
+            "disk_bytes": sum(self.disk_bytes().values()),
+            "map_size": self.env.info()["map_size"],
+            "mirrored_tables": len(mirrored),
+            "mirror_bytes": sum(rows.nbytes for rows in mirrored),
+        }
 
     def stats(self) -> dict[str, Any]:
         disk = self.disk_bytes()

@@ -28,6 +28,12 @@ class SortedRows:
     def __len__(self) -> int:
         return len(self.keys)
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the rows hold (with their bucket starts, once built)."""
+        starts = 0 if self._bucket_starts is None else self._bucket_starts.nbytes
+        return self.keys.nbytes + self.values.nbytes + starts
+
     def emptied(self) -> SortedRows:
         return SortedRows(self.keys[:0], self.values[:0], self.key_bits)
 

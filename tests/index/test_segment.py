@@ -427,7 +427,10 @@ def test_map_grows_by_itself_and_a_map_at_its_limit_loses_nothing_committed(tmp_
         index.add([f"g{i}" for i in range(20_000)], fps)
         stats = index.stats()
         assert stats["map_size"] > 64 * 1024
-        assert index.usage() == {key: stats[key] for key in ("entries", "disk_bytes", "map_size")}
+        # A 64-bit index of folds keeps no copy of its tables in memory.
+        assert index.usage() == {
+            **{key: stats[key] for key in ("entries", "disk_bytes", "map_size")}, "mirrored_tables": 0, "mirror_bytes": 0
+        }
         assert index.usage()["entries"] == 20_000
         assert index.query(fps[:3]) == [[("g0", 0)], [("g1", 0)], [("g2", 0)]]
     limit = 2 * 1024 * 1024
@@ -861,6 +864,10 @@ def test_the_writers_copy_of_the_merged_tables_answers_as_lmdb_does(tmp_path: Pa
             assert mirrored.search(asked).entries.tolist() == plain.search(asked).entries.tolist()
             mirrored_tables.append(sum(rows is not None for rows in mirrored._mirror.tables))
         assert plain._mirror is None
+        held = [rows for rows in mirrored._mirror.tables if rows is not None]
+        usage = mirrored.usage()
+        assert (usage["mirrored_tables"], usage["mirror_bytes"]) == (len(held), 16 * sum(map(len, held)))
+        assert (plain.usage()["mirrored_tables"], plain.usage()["mirror_bytes"]) == (0, 0)
     if mirror_bytes > 8 * 16 * 150:
         # Each table is copied at its first merge and kept: all eight answer from memory after eight batches.
         assert mirrored_tables[:8] == list(range(1, 9)) and set(mirrored_tables[8:]) == {8}
