@@ -840,8 +840,9 @@ def _near_stream(rng: np.random.Generator, batches: int, size: int, bits: int) -
 
 @pytest.mark.parametrize("mirror_bytes", [256 << 20, 8 * 16 * 150])
 def test_the_writers_copy_of_the_merged_tables_answers_as_lmdb_does(tmp_path: Path, mirror_bytes: int) -> None:
-    # Two writers take the same batches and removals (so sweeps too), one reading its merged tables from LMDB
-    # alone; with a budget of 150 rows a table the copies are dropped as the tables outgrow it.
+    # Two writers take the same batches and removals, one reading its merged tables from LMDB alone (sweeps are
+    # tested with the copy and without above); with a budget of 150 rows a table the copies are dropped as the
+    # tables outgrow it.
     from streamdedup.index.plan import make_segment_plan
 
     rng = np.random.default_rng(21)
