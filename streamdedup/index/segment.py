@@ -64,7 +64,7 @@ from .key_filter import KeyFilter
 from .keys import TableKeys, first_copies, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
 from .mirror import TableMirror
-from .sorted_rows import SortedRows
+from .sorted_rows import SortedRows, expand_ranges
 from .table import BIG_ENDIAN_U64 as _U64
 from .table import DuplicateRows, PackedBuckets, TableLayout, rows_in, table_class
 
@@ -170,13 +170,6 @@ class _TransactionState(threading.local):
 def _staged_key(table: int, first_seq: int) -> bytes:
     """(table, first entry of the batch) big-endian: a table's staged blobs are one key range."""
     return table.to_bytes(2, "big") + int(first_seq).to_bytes(8, "big")
-
-
-def _expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every index in each [low[i], high[i]), with the i it came from."""
-    counts = high - low
-    owner = np.repeat(np.arange(len(low)), counts)
-    return low[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts), owner
 
 
 def _orderable_time(times: np.ndarray) -> np.ndarray:
@@ -673,19 +666,15 @@ class SegmentIndex:
                 continue
             table_probed = probed[low:high]
             mirrored = mirror.tables[table] if mirror is not None else None
-            if mirrored is not None:
-                mirrored_rows, owners = _expand_ranges(*mirrored.bounds(table_probed))
-                stored = mirrored.values[mirrored_rows]
-            else:
-                owners, stored = stored_table.read(txn, table_probed)
+            owners, stored = mirrored.read(table_probed) if mirrored is not None else stored_table.read(txn, table_probed)
             if len(owners):
                 found_probes.append(low + owners)
                 found_values.append(stored)
             if len(staged[table]):
-                staged_rows, staged_probe = _expand_ranges(*staged[table].bounds(table_probed))
+                staged_probe, staged_values = staged[table].read(table_probed)
                 if len(staged_probe):
                     found_probes.append(low + staged_probe)
-                    found_values.append(staged[table].values[staged_rows])
+                    found_values.append(staged_values)
         # Nothing found (probes can pass the key filter on a removed row's bit, or miss the staged rows).
         if not found_probes:
             return empty, None
@@ -695,7 +684,7 @@ class SegmentIndex:
         # batch rows share pair again with each further one (more_at), through their row (source).
         run_ends = (batch_keys.run_ends() + np.arange(tables)[:, None] * n).ravel()
         shared = np.flatnonzero((run_ends[flat] - flat > 1)[probe_of])
-        more_at, source = _expand_ranges(found_at[shared] + 1, run_ends[found_at[shared]])
+        more_at, source = expand_ranges(found_at[shared] + 1, run_ends[found_at[shared]])
         source = shared[source]
         if self._entry_valued:
             # The rows name their entries, and no radius cuts: every candidate goes on to its record.

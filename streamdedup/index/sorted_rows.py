@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SortedRows"]
+__all__ = ["SortedRows", "expand_ranges"]
 
 # Keys this short get a bucket-start array (2**bits + 1 words) in place of two binary searches per probe.
 _DENSE_KEY_BITS = 20
+
+
+def expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every index in each [low[i], high[i]), with the i it came from."""
+    counts = high - low
+    owner = np.repeat(np.arange(len(low)), counts)
+    return low[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts), owner
 
 
 class SortedRows:
@@ -67,3 +74,9 @@ class SortedRows:
             at = probes.astype(np.intp)
             return starts[at], starts[at + 1]
         return np.searchsorted(self.keys, probes, side="left"), np.searchsorted(self.keys, probes, side="right")
+
+    def read(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of these keys (ascending, distinct), as a stored table's ``read`` gives them: the index in
+        ``probes`` of each row's key, and its value."""
+        rows, owners = expand_ranges(*self.bounds(probes))
+        return owners, self.values[rows]

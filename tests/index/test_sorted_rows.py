@@ -53,6 +53,13 @@ def test_long_keys_keep_searching() -> None:
     assert rows._bucket_starts is None
 
 
+def test_read_gives_each_row_of_the_probed_keys_with_its_probe() -> None:
+    # Values are 3 * key + 1 (see _rows): key 9 holds three rows, key 1 two, keys 0 and 15 none.
+    rows = _rows([1, 1, 5, 9, 9, 9], key_bits=32)
+    owners, values = rows.read(np.array([0, 1, 9, 15], dtype=np.uint64))
+    assert (owners.tolist(), values.tolist()) == ([1, 1, 2, 2, 2], [4, 4, 28, 28, 28])
+
+
 def test_merged_kept_and_emptied_make_new_rows_and_leave_the_old_ones_alone() -> None:
     rows = _rows([2, 4, 4], key_bits=8)
     rows.bounds(np.array([4], dtype=np.uint64))
