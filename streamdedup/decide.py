@@ -96,6 +96,24 @@ class Verdicts(Sequence[Verdict]):
             first.errors + second.errors,
         )
 
+    def split(self, sizes: Sequence[int]) -> list[Verdicts]:
+        """The verdicts of consecutive parts of this batch, of these sizes (the inverse of :meth:`joined`)."""
+        if sum(sizes) != len(self):
+            raise ValueError(f"parts of {sum(sizes)} documents for a batch of {len(self)}")
+        bounds = np.cumsum([0, *sizes]).tolist()
+        return [
+            Verdicts(
+                self.novel[low:high],
+                self.reasons[low:high],
+                self.fingerprints[low:high],
+                self.match_ids[low:high],
+                self.distances[low:high],
+                self.jaccards[low:high],
+                self.errors[low:high],
+            )
+            for low, high in zip(bounds[:-1], bounds[1:])
+        ]
+
     def __iter__(self) -> Iterator[Verdict]:
         columns = zip(
             self.novel.tolist(),
@@ -113,11 +131,17 @@ class Verdicts(Sequence[Verdict]):
 
 @dataclass(frozen=True, slots=True)
 class BatchTimings:
-    """Seconds spent per stage of the last batch, for whoever measures (the service's metrics, benchmarks)."""
+    """Seconds spent per stage of the last batch, for whoever measures (the service's metrics, benchmarks);
+    ``batches``: how many batches were decided together with it (its share of their time is what it shows)."""
 
     fingerprint: float = 0.0
     lookup: float = 0.0
     store: float = 0.0
+    batches: int = 1
+
+    def share(self, fraction: float, batches: int) -> BatchTimings:
+        """One batch's part of the timings of ``batches`` decided together: ``fraction`` of each stage."""
+        return BatchTimings(self.fingerprint * fraction, self.lookup * fraction, self.store * fraction, batches)
 
 
 class Deduplicator:

@@ -5,7 +5,9 @@ Python in between. In one process they share one interpreter lock and take turns
 process (``dedup.workers`` >= 1) each has a core. Calls are served one at a time in the order made, so the
 index sees exactly the sequence of batches it would see in-process; a call made while another runs waits in
 the worker's pipe, so the worker goes from one batch to the next without waiting for the service's process.
-With ``dedup.workers: 0`` the same calls run in one thread of the service's process instead.
+Batches that have queued up there while it decided one (the decider is behind) are decided together, in one
+LMDB transaction: the same verdicts, and the index's costs per transaction paid once for all of them.
+With ``dedup.workers: 0`` the same calls run in one thread of the service's process instead, one by one.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .lifecycle import Lifecycle
 from .offline import open_index
 from .settings import Settings
 from .signature import Signatures
-from .workers import WorkerDied, WorkerProcess
+from .workers import WorkerDied, WorkerProcess, served_together
 
 __all__ = ["DecisionProcess", "DecisionProcessDied"]
 
@@ -46,6 +48,22 @@ class _DecisionCore:
         verdicts = self.dedup.decide(docs, source_offsets=source_offsets, signatures=signatures)
         return verdicts, self.dedup.last_timings
 
+    def decide_together(self, batches: list[_Decision]) -> list[tuple[Verdicts, BatchTimings]]:
+        """Consecutive batches decided as one, in one LMDB transaction: the verdicts are those of deciding them
+        one by one (the decision core's do not depend on batch boundaries), and the index's costs per
+        transaction (its commit, its merge turn) are paid once for all of them."""
+        docs = [Document(*row) for rows, _, _ in batches for row in rows]
+        source_offsets: dict[tuple[str, int], int] = {}
+        for _, offsets, _ in batches:
+            source_offsets.update(offsets)  # a later batch's next offset of a partition is the one to keep
+        signatures = Signatures.joined(
+            [self.dedup.signer.sign([row[1] for row in rows]) if signed is None else signed for rows, _, signed in batches]
+        )
+        verdicts = self.dedup.decide(docs, source_offsets=source_offsets, signatures=signatures)
+        timings = self.dedup.last_timings
+        parts = verdicts.split([len(rows) for rows, _, _ in batches])
+        return [(part, timings.share(len(part) / max(len(docs), 1), len(batches))) for part in parts]
+
     def source_offsets(self) -> dict[tuple[str, int], int]:
         return self.index.source_offsets()
 
@@ -66,10 +84,24 @@ class _DecisionCore:
 # Documents cross the process boundary as plain tuples (pickling a named tuple costs about seven times a plain
 # one); verdicts as their columns.
 _DocumentRow = tuple[str, str, float, "tuple[str, int, int] | None"]
+_Decision = tuple[list[_DocumentRow], Mapping[tuple[str, int], int], Signatures | None]
+# Most batches decided together: the service has no more than this many fetched and unpublished, so this bounds
+# a group only where another caller queues more.
+_MOST_BATCHES_TOGETHER = 8
 
 
 def _method(core: _DecisionCore, name: str, *args: Any) -> Any:
     return getattr(core, name)(*args)
+
+
+def _decide_together(core: _DecisionCore, batches: list[_Decision]) -> list[tuple[Verdicts, BatchTimings]]:
+    return core.decide_together(batches)
+
+
+@served_together(_decide_together, most=_MOST_BATCHES_TOGETHER)
+def _decide(core: _DecisionCore, *batch: Any) -> tuple[Verdicts, BatchTimings]:
+    """A batch's decision; batches queued behind one being decided are then decided together."""
+    return core.decide(*batch)
 
 
 class DecisionProcess(Lifecycle):
@@ -179,7 +211,9 @@ class DecisionProcess(Lifecycle):
             return asyncio.get_running_loop().run_in_executor(self._thread, getattr(self._core, method), *args)
         if self._worker is None:
             raise RuntimeError("the decision process is not started")
-        return asyncio.wrap_future(self._worker.submit(_method, method, *args))
+        # Decisions through a function of their own, which the worker serves together when they queue up.
+        call = (_decide,) if method == "decide" else (_method, method)
+        return asyncio.wrap_future(self._worker.submit(*call, *args))
 
     @staticmethod
     async def _died_as_decision_process(method: str, call: asyncio.Future[Any]) -> Any:

@@ -54,8 +54,9 @@ log = logging.getLogger(__name__)
 _INDEX_STATS_INTERVAL_SECONDS = 5.0
 # Fetched batches not yet handed to their Kafka transaction: one waiting for its verdicts, the next ones signed
 # and queued in the decision process as soon as they are signed, so neither the decision process nor the
-# signing workers wait for this process's turn.
-_UNPUBLISHED_BATCHES = 4
+# signing workers wait for this process's turn. A decision process that falls behind decides the batches queued
+# there together, which costs it less a batch: room for several lets it catch up (4 gave groups of 2-3, 8 of 2-6).
+_UNPUBLISHED_BATCHES = 8
 # New signing workers after a death: at once after a pool that lived this long, else after a pause that doubles
 # up to its maximum (a pool that keeps dying, or a host that refuses processes, is not hammered).
 _SIGNERS_HEALTHY_SECONDS = 60.0

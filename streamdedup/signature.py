@@ -64,6 +64,19 @@ class Signatures:
     def __len__(self) -> int:
         return len(self.errors)
 
+    @classmethod
+    def joined(cls, parts: Sequence[Signatures]) -> Signatures:
+        """The signatures of consecutive batches as one batch's, without keys and pairs (pairs across the
+        batches are not in any part's): keying the whole finds them. One part is returned as it is."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            np.concatenate([part.fingerprints for part in parts]),
+            np.concatenate([part.sketches for part in parts]),
+            tuple(error for part in parts for error in part.errors),
+            np.concatenate([part.empty for part in parts]),
+        )
+
     def subset(self, rows: slice) -> Signatures:
         """The signatures of these rows alone, without the batch's keys and pairs (keying the rows makes theirs)."""
         return Signatures(self.fingerprints[rows], self.sketches[rows], self.errors[rows], self.empty[rows])

@@ -23,14 +23,35 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, TypeVar
 
 from .garbage import BATCH_THRESHOLDS
 
-__all__ = ["WorkerDied", "WorkerProcess"]
+__all__ = ["WorkerDied", "WorkerProcess", "served_together"]
 
 _PR_SET_PDEATHSIG = 1
 _STOP_TIMEOUT_SECONDS = 30.0
+
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def served_together(
+    together: Callable[[Any, list[tuple[Any, ...]]], list[Any]], most: int
+) -> Callable[[_Function], _Function]:
+    """Mark a worker function whose calls, when several of them wait in a worker's pipe one after another, are
+    served by one call of ``together(state, [args of each call])`` (up to ``most`` calls), which returns each
+    call's result in order: work with a cost per call that can be shared, such as a transaction. ``together``
+    must do all or nothing: if it raises, the calls are served one by one instead, each with its own result or
+    error, as if never grouped."""
+    if most < 2:
+        raise ValueError(f"most must be at least 2, got {most}")
+
+    def mark(function: _Function) -> _Function:
+        function.served_together = (together, most)  # type: ignore[attr-defined]
+        return function
+
+    return mark
 
 
 class WorkerDied(RuntimeError):
@@ -44,7 +65,8 @@ class WorkerProcess:
     result or exception (the initializer's, for the first call, when it failed); the future fails with
     :class:`WorkerDied` when the worker is gone. Calls wait in the worker's pipe, so it starts the next one
     the moment it finishes one: a sender thread writes them (a call larger than the pipe blocks until the
-    worker reads it) and a receiver thread resolves the futures in order. ``call`` submits and waits.
+    worker reads it) and a receiver thread resolves the futures in order. ``call`` submits and waits. Calls of a
+    function marked :func:`served_together` that wait in the pipe one after another are served as one.
 
     The worker ignores SIGINT and SIGTERM (a Ctrl-C or a SIGTERM to the whole process group must not kill it
     under a batch the parent is finishing), and a parent killed outright takes it along (Linux:
@@ -192,16 +214,81 @@ def _serve(
         _send(results, False, exc)
         return
     _send(results, True, None)
-    while True:
+    reader = _CallReader(calls)
+    waiting: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+    more = True
+    while waiting or more:
+        messages, more = reader.take(wait=not waiting)
+        waiting.extend(ForkingPickler.loads(message) for message in messages)
+        if not waiting:
+            continue
+        function, args = waiting.popleft()
+        grouping = getattr(function, "served_together", None)
+        run = [args]
+        while grouping is not None and waiting and waiting[0][0] is function and len(run) < grouping[1]:
+            run.append(waiting.popleft()[1])
+        for reply in _serve_run(state, function, run, None if grouping is None else grouping[0]):
+            _send(results, *reply)
+
+
+class _CallReader:
+    """Reads a worker's calls in a thread of its own as they come, so that the calls sent while one is served are
+    there when it ends (read only then, the next one may still be on its way) and a run of them can be served
+    together."""
+
+    def __init__(self, calls: Connection) -> None:
+        self._calls = calls
+        self._ready: deque[bytes] = deque()
+        self._receiving = False
+        self._closed = False
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, name="calls-reader", daemon=True).start()
+
+    def take(self, *, wait: bool) -> tuple[list[bytes], bool]:
+        """The calls read so far and the one being received, if any (with ``wait``, at least one unless the
+        pipe is closed); and whether more can come."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._receiving and (self._ready or self._closed or not wait))
+            ready = list(self._ready)
+            self._ready.clear()
+            return ready, not self._closed
+
+    def _read(self) -> None:
+        calls = self._calls
         try:
-            function, args = calls.recv()
-        except EOFError:
-            return
+            while calls.poll(None):
+                with self._changed:
+                    self._receiving = True
+                message = calls.recv_bytes()
+                with self._changed:
+                    self._ready.append(message)
+                    self._receiving = False
+                    self._changed.notify()
+        except (EOFError, OSError):
+            pass  # the parent closed the pipe (stop) or is gone
+        finally:
+            with self._changed:
+                self._closed, self._receiving = True, False
+                self._changed.notify()
+
+
+def _serve_run(
+    state: Any, function: Callable[..., Any], run: list[tuple[Any, ...]], together: Callable[..., list[Any]] | None
+) -> list[tuple[bool, Any]]:
+    """(succeeded, result or error) of each call of ``function`` in ``run``: one call of ``together`` for all of
+    them when there is one, else (or when it fails) one call each."""
+    if together is not None and len(run) > 1:
         try:
-            reply = (True, function(state, *args))
+            return [(True, value) for value in together(state, run)]
+        except BaseException:
+            pass  # served one by one below: each call gets its own result or error
+    replies = []
+    for args in run:
+        try:
+            replies.append((True, function(state, *args)))
         except BaseException as exc:
-            reply = (False, exc)
-        _send(results, *reply)
+            replies.append((False, exc))
+    return replies
 
 
 def _send(results: Connection, succeeded: bool, value: Any) -> None:

@@ -40,8 +40,12 @@ def batches() -> list[list[Document]]:
     ]
 
 
-@pytest.mark.parametrize(("workers", "signed"), [(0, False), (1, False), (1, True)])
-async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(tmp_path: Path, workers: int, signed: bool) -> None:
+@pytest.mark.parametrize(
+    ("workers", "signed"), [(0, (False,) * 3), (1, (False,) * 3), (1, (True,) * 3), (1, (True, False, True))]
+)
+async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(
+    tmp_path: Path, workers: int, signed: tuple[bool, ...]
+) -> None:
     local_settings = configured(tmp_path, "local", workers)
     with open_index(local_settings, tmp_path / "local") as index:
         dedup = Deduplicator(local_settings, index)
@@ -54,22 +58,23 @@ async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(tmp_path: 
 
     process = DecisionProcess(configured(tmp_path, "remote", workers))
     async with process:
-        # Signed here (as by the signing workers), the texts do not travel to the decision process.
-        signer = Signer(local_settings.fingerprint, local_settings.dedup, process.plan) if signed else None
-        # All batches queued at once: decided one after the other, in the order submitted.
+        # Signed here (as by the signing workers), the texts do not travel to the decision process; a batch
+        # whose signing worker died comes unsigned.
+        signer = Signer(local_settings.fingerprint, local_settings.dedup, process.plan)
+        signatures = [signer.sign([doc.text for doc in batch]) if sign else None for batch, sign in zip(batches(), signed)]
+        # All batches queued at once: the worker decides those queued behind the one it decides together, in
+        # order, with the verdicts of deciding them one after the other.
         decisions = [
-            process.submit(
-                batch,
-                source_offsets={("in", 0): 1000 * (n + 1)},
-                signatures=None if signer is None else signer.sign([doc.text for doc in batch]),
-            )
-            for n, batch in enumerate(batches())
+            process.submit(batch, source_offsets={("in", 0): 1000 * (n + 1)}, signatures=signed_batch)
+            for n, (batch, signed_batch) in enumerate(zip(batches(), signatures))
         ]
-        got = []
+        got, together = [], []
         for verdicts, timings in await asyncio.gather(*decisions):
             got += [(v.novel, v.reason, v.match_id, v.distance, v.jaccard, v.fingerprint.tolist()) for v in verdicts]
             assert timings.lookup >= 0 and timings.store > 0
+            together.append(timings.batches)
         assert got == expected
+        assert max(together) > 1 if workers else together == [1, 1, 1]
         assert await process.source_offsets() == {("in", 0): 3000}
         # Rolling back to offset 2000 removes exactly what the last batch kept.
         assert await process.rollback({("in", 0): 2000}) == sum(novel for novel, *_ in expected[2000:])

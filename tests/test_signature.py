@@ -18,7 +18,7 @@ from streamdedup.index.plan import make_segment_plan
 from streamdedup.offline import index_plan, open_index
 from streamdedup.quality.corpus import load_stream
 from streamdedup.settings import Settings, load_settings
-from streamdedup.signature import SIGNER_NICENESS, Signer, SignerPool
+from streamdedup.signature import SIGNER_NICENESS, Signatures, Signer, SignerPool
 from streamdedup.workers import WorkerDied
 
 TEXTS = [
@@ -48,6 +48,21 @@ def test_signatures_are_the_fingerprints_and_the_bottom_k_sketches(settings: Set
     assert signatures.sketches.shape == (len(TEXTS) + 1, settings.dedup.sketch_size)
     assert signatures.indexable.tolist() == [True, True, False, False, True, False]
     assert signatures.errors[-1] is not None and "UTF-8" in signatures.errors[-1]
+
+
+def test_joined_signatures_are_those_of_the_whole_batch_without_its_keys(settings: Settings) -> None:
+    signer = Signer(settings.fingerprint, settings.dedup, index_plan(settings))
+    texts = TEXTS + [b"\xff not utf-8"] + TEXTS  # type: ignore[list-item]
+    whole, parts = signer.sign(texts), [signer.sign(texts[:4]), signer.sign(texts[4:])]
+    joined = Signatures.joined(parts)
+    assert joined.fingerprints.tolist() == whole.fingerprints.tolist()
+    assert joined.sketches.tolist() == whole.sketches.tolist()
+    assert joined.errors == whole.errors and joined.empty.tolist() == whole.empty.tolist()
+    # The parts' keys and in-batch pairs miss the pairs across them: keying the whole finds those.
+    assert joined.keys is None and joined.pairs is None
+    assert signer.keyed(joined).pairs.later.tolist() == whole.pairs.later.tolist()
+    assert len(whole.pairs.later) > len(parts[0].pairs.later) + len(parts[1].pairs.later)
+    assert Signatures.joined(parts[:1]) is parts[0]
 
 
 def test_a_sketch_wider_than_the_fingerprint_sample_reads_every_feature_it_needs(settings: Settings) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from streamdedup.garbage import BATCH_THRESHOLDS
-from streamdedup.workers import WorkerDied, WorkerProcess
+from streamdedup.workers import WorkerDied, WorkerProcess, served_together
 from tests.conftest import process_running
 
 
@@ -90,6 +90,58 @@ def test_calls_submitted_without_waiting_queue_in_the_worker_and_resolve_in_orde
         with pytest.raises(KeyError, match="queued"):
             failing.result(timeout=30)
         assert last.result(timeout=30) == 1275 + 1000
+    finally:
+        worker.stop()
+
+
+def hold(state: Counter, started: str, marker: str) -> int:
+    Path(started).touch()
+    return wait_for(state, marker)
+
+
+def add_all(state: Counter, calls: list[tuple[int]]) -> list[tuple[int, int]]:
+    """A run of ``add_together`` calls at once, all or nothing: each call's running total and the run's length."""
+    if any(amount < 0 for (amount,) in calls):
+        raise ValueError("a negative amount is added alone")
+    totals = []
+    for (amount,) in calls:
+        state.value += amount
+        totals.append((state.value, len(calls)))
+    return totals
+
+
+@served_together(add_all, most=3)
+def add_together(state: Counter, amount: int) -> tuple[int, int]:
+    if amount < 0:
+        raise ValueError(f"cannot add {amount}")
+    return add(state, amount), 1
+
+
+def test_calls_queued_one_after_another_are_served_together_up_to_the_most_and_alone_when_that_fails(
+    tmp_path: Path,
+) -> None:
+    worker = WorkerProcess(Counter, (0,), name="test-together")
+    started, marker = tmp_path / "started", tmp_path / "go"
+    try:
+        blocked = worker.submit(hold, str(started), str(marker))
+        while not started.exists():  # the worker is up and busy: what follows queues behind the blocked call
+            time.sleep(0.001)
+        first = [worker.submit(add_together, 1) for _ in range(5)]
+        plain = worker.submit(add, 10)
+        second = [worker.submit(add_together, amount) for amount in (2, -1, 3)]
+        time.sleep(0.2)  # every call is in the worker by now, behind the blocked one
+        marker.touch()
+        assert blocked.result(timeout=30) == 0
+        # Runs of at most three, cut by a call of another function.
+        assert [future.result(timeout=30) for future in first] == [(1, 3), (2, 3), (3, 3), (4, 2), (5, 2)]
+        assert plain.result(timeout=30) == 15
+        # The run with -1 fails as a whole and is served one by one: only -1's own call fails.
+        assert second[0].result(timeout=30) == (17, 1)
+        with pytest.raises(ValueError, match="cannot add -1"):
+            second[1].result(timeout=30)
+        assert second[2].result(timeout=30) == (20, 1)
+        # Alone (nothing queued behind it), a call is served by the function itself.
+        assert worker.call(add_together, 1) == (21, 1)
     finally:
         worker.stop()
 
