@@ -7,7 +7,9 @@ fingerprinting, the index, headers). Throughput is measured on a backlog from th
 the last commit, in ``--rounds`` rounds that alternate the passthrough and the service (each round with
 fresh output topics, consumer groups and index); each side keeps its fastest round, as ``timeit`` keeps the
 best of several, because one slow moment of a shared machine in one phase would otherwise decide the ratio.
-Every round's figures are printed too, with the CPU time the host gave to other tenants while each side ran.
+Every round's figures are printed too, with the CPU time the host gave to other tenants while each side ran,
+and the CPU time each side spent per message over the same span (its own processes and the local broker's):
+on a host whose two cores both sides saturate, the ratio of those is what the throughput ratio tends to.
 Latency is measured separately under a steady produce rate: output arrival time minus the time the message
 was produced.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from ..garbage import collecting_for_batches
@@ -38,7 +41,7 @@ from ..metrics import Stage
 from ..names import METRIC_PREFIX
 from ..service import DedupService
 from ..settings import Settings
-from .host import StealClock, describe_steal
+from .host import CpuMeter, StealClock, describe_steal, local_broker
 
 __all__ = ["main"]
 
@@ -90,25 +93,34 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
             latency_in, lat_pass_out, latency_in2, lat_svc_out = (topic[name] for name in latency_names)
             await _produce(bootstrap, input_topic, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
 
+            broker_process = local_broker(bootstrap)
             rounds: list[_Round] = []
             for number, outs in enumerate(round_names, start=1):
                 pass_out, tuned_out, svc_out = (topic[name] for name in outs)
                 steal = StealClock()
-                passthrough = await _passthrough_throughput(settings, bootstrap, input_topic, pass_out, args.messages)
+                passthrough, passthrough_cpu = await _passthrough_throughput(
+                    settings, bootstrap, input_topic, pass_out, args.messages, broker_process
+                )
                 passthrough_steal = steal.percent()
                 # Not the peer, a reference: the service collects garbage at batch thresholds (garbage.py), which
                 # speeds up any loop handling thousands of records at once.
                 with collecting_for_batches():
-                    tuned = await _passthrough_throughput(settings, bootstrap, input_topic, tuned_out, args.messages)
+                    tuned, _ = await _passthrough_throughput(
+                        settings, bootstrap, input_topic, tuned_out, args.messages, broker_process
+                    )
                 steal.restart()
-                service, stages = await _service_throughput(
-                    settings, bootstrap, input_topic, svc_out, args.messages, work / f"index-{number}"
+                service, stages, service_cpu = await _service_throughput(
+                    settings, bootstrap, input_topic, svc_out, args.messages, work / f"index-{number}", broker_process
                 )
                 service_steal = steal.percent()
-                rounds.append(_Round(passthrough, tuned, service, stages, passthrough_steal, service_steal))
+                rounds.append(
+                    _Round(passthrough, tuned, service, stages, passthrough_steal, service_steal, passthrough_cpu, service_cpu)
+                )
                 print(f"round {number}: passthrough {passthrough:,.0f} msg/s ({tuned:,.0f} at batch GC thresholds), "
                       f"streamdedup {service:,.0f} msg/s, ratio {service / passthrough:.2f}; host CPU steal "
-                      f"{describe_steal(passthrough_steal)} / {describe_steal(service_steal)}", flush=True)
+                      f"{describe_steal(passthrough_steal)} / {describe_steal(service_steal)}; CPU per message "
+                      f"{_describe_cpu(passthrough_cpu, 'client')} / {_describe_cpu(service_cpu, 'service process')}",
+                      flush=True)
 
             pass_lat = await _latency(
                 bootstrap, latency_in, lat_pass_out, args,
@@ -137,6 +149,11 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
           f"streamdedup / it {service / tuned:.2f}")
     print(f"host CPU steal (other tenants' share of the cores) in the rounds that counted: passthrough "
           f"{describe_steal(passthrough_round.passthrough_steal)}, streamdedup {describe_steal(fastest.service_steal)}")
+    passthrough_cpu = float(np.median([_total_cpu(each.passthrough_cpu) for each in rounds]))
+    service_cpu = float(np.median([_total_cpu(each.service_cpu) for each in rounds]))
+    broker = "with" if broker_process is not None else "without (not on this machine)"
+    print(f"{'CPU per message (us)':28}{passthrough_cpu:14.1f}{service_cpu:14.1f}{passthrough_cpu / service_cpu:9.2f}"
+          f"   (median of the rounds, {broker} the broker's)")
     for name, q in (("latency p50 (ms)", 50), ("latency p99 (ms)", 99)):
         a, b = np.percentile(pass_lat, q) * 1000, np.percentile(svc_lat, q) * 1000
         print(f"{name:28}{a:14.1f}{b:14.1f}{b / a:9.2f}")
@@ -161,10 +178,27 @@ class _Round(NamedTuple):
     stages: dict[str, float]
     passthrough_steal: float | None
     service_steal: float | None
+    passthrough_cpu: dict[str, float | None]
+    service_cpu: dict[str, float | None]
 
 
-async def _passthrough_throughput(settings: Settings, bootstrap: str, source: str, sink: str, n: int) -> float:
-    progress = _Progress()
+def _describe_cpu(cpu: dict[str, float | None], process: str) -> str:
+    """A side's microseconds of CPU per message: in all, and its parts."""
+    parts = [(process, cpu["process"]), ("workers", cpu["children"]), ("broker", cpu["broker"])]
+    shown = ", ".join(f"{name} {value:.1f}" for name, value in parts if value is not None and (value or name != "workers"))
+    return f"{_total_cpu(cpu):.1f} us ({shown})"
+
+
+def _total_cpu(cpu: dict[str, float | None]) -> float:
+    return sum(value for value in cpu.values() if value is not None)
+
+
+async def _passthrough_throughput(
+    settings: Settings, bootstrap: str, source: str, sink: str, n: int, broker: psutil.Process | None
+) -> tuple[float, dict[str, float | None]]:
+    """Messages/s, and the microseconds of CPU per message (see ``_Progress``)."""
+    progress = _Progress(n, broker)
+    progress.start_cpu()
     stop = asyncio.Event()
     task = asyncio.create_task(_passthrough_loop(settings, bootstrap, source, sink, stop, progress))
     try:
@@ -174,17 +208,19 @@ async def _passthrough_throughput(settings: Settings, bootstrap: str, source: st
     finally:
         stop.set()
         await task
-    return progress.rate()
+    return progress.rate(), progress.cpu_per_message()
 
 
 async def _service_throughput(
-    settings: Settings, bootstrap: str, source: str, sink: str, n: int, index: Path
-) -> tuple[float, dict[str, float]]:
-    """Messages/s, and the mean seconds per batch of each stage the service times (from its own metrics)."""
+    settings: Settings, bootstrap: str, source: str, sink: str, n: int, index: Path, broker: psutil.Process | None
+) -> tuple[float, dict[str, float], dict[str, float | None]]:
+    """Messages/s, the mean seconds per batch of each stage the service times (from its own metrics), and the
+    microseconds of CPU per message."""
     service = DedupService(_service_settings(settings, bootstrap, source, sink, index))
-    progress = _Progress()
+    progress = _Progress(n, broker)
     with collecting_for_batches():  # as ``streamdedup run`` does; the passthrough keeps Python's defaults
         async with service:
+            progress.start_cpu()  # the workers started and warmed up: from here on, only records are processed
             async with asyncio.timeout(600):
                 while service.stats.consumed < n:
                     progress.update(service.stats.consumed)
@@ -196,16 +232,25 @@ async def _service_throughput(
         name = f"{METRIC_PREFIX}{stage.value}_duration_seconds"
         count = registry.get_sample_value(f"{name}_count") or 0.0
         stages[stage.value] = (registry.get_sample_value(f"{name}_sum") or 0.0) / count if count else 0.0
-    return progress.rate(), stages
+    return progress.rate(), stages, progress.cpu_per_message()
 
 
 class _Progress:
-    """Records consumed over time, from the first record seen to the last."""
+    """Records consumed over time, from the first record seen to the last; and the CPU time spent by this
+    process, its workers and the ``broker`` from ``start_cpu()`` (the clients started, before the first record)
+    until ``target`` records were consumed, which counts every record's work whatever the side has in flight."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: int, broker: psutil.Process | None) -> None:
         self.count = 0
+        self._target = target
+        self._broker = broker
         self._first: tuple[float, int] | None = None
         self._last: tuple[float, int] | None = None
+        self._meter: CpuMeter | None = None
+        self._cpu: tuple[dict[str, float | None], int] | None = None
+
+    def start_cpu(self) -> None:
+        self._meter = CpuMeter(self._broker)
 
     def update(self, count: int) -> None:
         if count > self.count:
@@ -214,6 +259,14 @@ class _Progress:
                 self._first = (now, count)
             self._last = (now, count)
             self.count = count
+            if count >= self._target and self._cpu is None and self._meter is not None:
+                self._cpu = (self._meter.seconds(), count)
+
+    def cpu_per_message(self) -> dict[str, float | None]:
+        """Microseconds of CPU per record consumed, by role (``CpuMeter``)."""
+        assert self._cpu is not None
+        seconds, messages = self._cpu
+        return {role: None if value is None else 1e6 * value / messages for role, value in seconds.items()}
 
     def rate(self) -> float:
         assert self._first is not None and self._last is not None

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import sys
+import time
 from collections import namedtuple
 
 import psutil
 import pytest
 
-from streamdedup.bench.host import StealClock, describe_steal
+from streamdedup.bench.host import CpuMeter, StealClock, describe_steal, local_broker
 
 LinuxTimes = namedtuple("LinuxTimes", "user nice system idle iowait irq softirq steal guest guest_nice")
 OtherTimes = namedtuple("OtherTimes", "user system idle")
@@ -60,3 +64,49 @@ def test_describe_steal() -> None:
     assert describe_steal(None) == "n/a"
     assert describe_steal(12.4) == "12 %"
     assert describe_steal(0.0) == "0 %"
+
+
+def _busy(seconds: float) -> None:
+    deadline = time.process_time() + seconds
+    while time.process_time() < deadline:
+        pass
+
+
+def test_the_cpu_meter_counts_this_process_its_children_live_and_waited_for_and_the_broker() -> None:
+    broker = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+    try:
+        meter = CpuMeter(psutil.Process(broker.pid))
+        _busy(0.3)
+        busy_child = "import time\nd = time.process_time() + 0.3\nwhile time.process_time() < d: pass\ntime.sleep(30)"
+        live = subprocess.Popen([sys.executable, "-c", busy_child])
+        waited = subprocess.run([sys.executable, "-c", busy_child.replace("time.sleep(30)", "")], check=True)
+        assert waited.returncode == 0
+        while sum(psutil.Process(live.pid).cpu_times()[:2]) < 0.3:  # user and system
+            time.sleep(0.05)
+        seconds = meter.seconds()
+        assert 0.29 <= seconds["process"] < 1.0
+        # The child still running and the one already waited for: ~0.3 s each, plus their interpreters' start.
+        assert 0.55 <= seconds["children"] < 2.0
+        assert seconds["broker"] is not None and 0.0 <= seconds["broker"] < 0.2
+        live.kill()
+        live.wait()
+    finally:
+        broker.kill()
+        broker.wait()
+    # Once the broker is gone its time is unknown, not zero.
+    assert meter.seconds()["broker"] is None
+    assert CpuMeter().seconds()["broker"] is None
+
+
+def test_the_local_broker_is_the_process_listening_on_the_first_bootstrap_port() -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        found = local_broker(f"127.0.0.1:{port}, elsewhere:9092")
+        assert found is not None and found.pid == os.getpid()
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        free = unused.getsockname()[1]
+    assert local_broker(f"localhost:{free}") is None
+    assert local_broker("no-port-given") is None

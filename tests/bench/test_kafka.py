@@ -50,6 +50,25 @@ def test_bench_reports_both_sides_and_deletes_its_topics(
     assert reference, out
     tuned, tuned_ratio = float(reference.group(1).replace(",", "")), float(reference.group(2))
     assert tuned == max(t for _, t, _ in rounds) and tuned_ratio == pytest.approx(service / tuned, abs=0.006)
+    # CPU per message, each side's in all and by process, the local broker's included.
+    per_round = re.findall(
+        r"CPU per message ([\d.]+) us \(client ([\d.]+), broker ([\d.]+)\) / ([\d.]+) us \(service process ([\d.]+), "
+        r"workers ([\d.]+), broker ([\d.]+)\)",
+        out,
+    )
+    assert len(per_round) == 2, out
+    for found in per_round:
+        client_total, client, client_broker, service_total, loop, workers, service_broker = map(float, found)
+        assert client > 0 and workers > 0 and loop > 0
+        assert client_total == pytest.approx(client + client_broker, abs=0.11)
+        assert service_total == pytest.approx(loop + workers + service_broker, abs=0.11)
+    cpu = re.search(r"CPU per message \(us\)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+\(median of the rounds, with the broker's\)", out)
+    assert cpu, out
+    client_cpu, service_cpu, cpu_ratio = map(float, cpu.groups())
+    # The median of two rounds is their mean.
+    assert client_cpu == pytest.approx(sum(float(found[0]) for found in per_round) / 2, abs=0.11)
+    assert service_cpu == pytest.approx(sum(float(found[3]) for found in per_round) / 2, abs=0.11)
+    assert cpu_ratio == pytest.approx(client_cpu / service_cpu, abs=0.006)
     assert re.search(r"latency p99 \(ms\)\s+\d+\.\d\s+\d+\.\d", out), out
     leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
     assert leftover == set()
