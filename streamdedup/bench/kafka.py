@@ -8,8 +8,8 @@ the last commit, in ``--rounds`` rounds that alternate the passthrough and the s
 fresh output topics, consumer groups and index); each side keeps its fastest round, as ``timeit`` keeps the
 best of several, because one slow moment of a shared machine in one phase would otherwise decide the ratio.
 Every round's figures are printed too, with the CPU time the host gave to other tenants while each side ran,
-and the CPU time each side spent per message over the same span (its own processes and the local broker's):
-on a host whose two cores both sides saturate, the ratio of those is what the throughput ratio tends to.
+and the CPU time each side spent per message (its own processes and the local broker's): the passthrough waits on
+the broker, the service keeps the cores busy, so the service's CPU per message is what sets its rate.
 Latency is measured separately under a steady produce rate: output arrival time minus the time the message
 was produced.
 """
