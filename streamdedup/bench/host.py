@@ -90,7 +90,10 @@ def local_broker(bootstrap: str) -> psutil.Process | None:
     port = urlsplit(f"//{bootstrap.split(',')[0].strip()}").port
     if port is None:
         return None
-    for connection in psutil.net_connections(kind="tcp"):
-        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
-            return psutil.Process(connection.pid)
+    try:
+        for connection in psutil.net_connections(kind="tcp"):
+            if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
+                return psutil.Process(connection.pid)
+    except (psutil.AccessDenied, psutil.NoSuchProcess):
+        pass  # sockets this user may not list (macOS), or a broker gone meanwhile: its CPU is then not counted
     return None

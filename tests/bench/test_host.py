@@ -110,3 +110,11 @@ def test_the_local_broker_is_the_process_listening_on_the_first_bootstrap_port()
         free = unused.getsockname()[1]
     assert local_broker(f"localhost:{free}") is None
     assert local_broker("no-port-given") is None
+
+
+def test_no_local_broker_where_the_sockets_cannot_be_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(kind: str) -> list[object]:
+        raise psutil.AccessDenied()
+
+    monkeypatch.setattr(psutil, "net_connections", refuse)
+    assert local_broker("127.0.0.1:9092") is None
