@@ -34,19 +34,22 @@ class DecisionProcessDied(RuntimeError):
     """The decision worker process is gone (killed, out of memory): start a new one and reconcile."""
 
 
+# Documents cross the process boundary as plain tuples (pickling a named tuple costs about seven times a plain
+# one); verdicts as their columns.
+_DocumentRow = tuple[str, str, float, "tuple[str, int, int] | None"]
+_Decision = tuple[list[_DocumentRow], Mapping[tuple[str, int], int], Signatures | None]
+# Most batches decided together: the service has no more than this many fetched and unpublished, so this bounds
+# a group only where another caller queues more.
+_MOST_BATCHES_TOGETHER = 8
+
+
 class _DecisionCore:
-    """What runs where the index is open: the index and the deduplicator over it."""
+    """What runs where the index is open: the index and the deduplicator over it. The worker process is sent its
+    methods themselves (functions of the class, importable, so they pickle), called with the core as ``self``."""
 
     def __init__(self, settings: Settings) -> None:
         self.index = open_index(settings, settings.index.path)
         self.dedup = Deduplicator(settings, self.index)
-
-    def decide(
-        self, rows: list[_DocumentRow], source_offsets: Mapping[tuple[str, int], int], signatures: Signatures | None
-    ) -> tuple[Verdicts, BatchTimings]:
-        docs = [Document(*row) for row in rows]
-        verdicts = self.dedup.decide(docs, source_offsets=source_offsets, signatures=signatures)
-        return verdicts, self.dedup.last_timings
 
     def decide_together(self, batches: list[_Decision]) -> list[tuple[Verdicts, BatchTimings]]:
         """Consecutive batches decided as one, in one LMDB transaction: the verdicts are those of deciding them
@@ -64,6 +67,15 @@ class _DecisionCore:
         parts = verdicts.split([len(rows) for rows, _, _ in batches])
         return [(part, timings.share(len(part) / max(len(docs), 1), len(batches))) for part in parts]
 
+    @served_together(decide_together, most=_MOST_BATCHES_TOGETHER)
+    def decide(
+        self, rows: list[_DocumentRow], source_offsets: Mapping[tuple[str, int], int], signatures: Signatures | None
+    ) -> tuple[Verdicts, BatchTimings]:
+        """A batch's decision; in the worker process, batches queued behind one being decided are decided together."""
+        docs = [Document(*row) for row in rows]
+        verdicts = self.dedup.decide(docs, source_offsets=source_offsets, signatures=signatures)
+        return verdicts, self.dedup.last_timings
+
     def source_offsets(self) -> dict[tuple[str, int], int]:
         return self.index.source_offsets()
 
@@ -79,29 +91,6 @@ class _DecisionCore:
 
     def close(self) -> None:
         self.index.close()
-
-
-# Documents cross the process boundary as plain tuples (pickling a named tuple costs about seven times a plain
-# one); verdicts as their columns.
-_DocumentRow = tuple[str, str, float, "tuple[str, int, int] | None"]
-_Decision = tuple[list[_DocumentRow], Mapping[tuple[str, int], int], Signatures | None]
-# Most batches decided together: the service has no more than this many fetched and unpublished, so this bounds
-# a group only where another caller queues more.
-_MOST_BATCHES_TOGETHER = 8
-
-
-def _method(core: _DecisionCore, name: str, *args: Any) -> Any:
-    return getattr(core, name)(*args)
-
-
-def _decide_together(core: _DecisionCore, batches: list[_Decision]) -> list[tuple[Verdicts, BatchTimings]]:
-    return core.decide_together(batches)
-
-
-@served_together(_decide_together, most=_MOST_BATCHES_TOGETHER)
-def _decide(core: _DecisionCore, *batch: Any) -> tuple[Verdicts, BatchTimings]:
-    """A batch's decision; batches queued behind one being decided are then decided together."""
-    return core.decide(*batch)
 
 
 class DecisionProcess(Lifecycle):
@@ -163,7 +152,7 @@ class DecisionProcess(Lifecycle):
             thread.shutdown()
         if worker is not None:
             try:
-                await asyncio.to_thread(worker.call, _method, "close")
+                await asyncio.to_thread(worker.call, _DecisionCore.close)
             except WorkerDied:
                 pass  # LMDB keeps every committed batch: there is nothing to close
             finally:
@@ -211,9 +200,7 @@ class DecisionProcess(Lifecycle):
             return asyncio.get_running_loop().run_in_executor(self._thread, getattr(self._core, method), *args)
         if self._worker is None:
             raise RuntimeError("the decision process is not started")
-        # Decisions through a function of their own, which the worker serves together when they queue up.
-        call = (_decide,) if method == "decide" else (_method, method)
-        return asyncio.wrap_future(self._worker.submit(*call, *args))
+        return asyncio.wrap_future(self._worker.submit(getattr(_DecisionCore, method), *args))
 
     @staticmethod
     async def _died_as_decision_process(method: str, call: asyncio.Future[Any]) -> Any:

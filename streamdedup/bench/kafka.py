@@ -119,7 +119,8 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
                 print(f"round {number}: passthrough {passthrough:,.0f} msg/s ({tuned:,.0f} at batch GC thresholds), "
                       f"streamdedup {service:,.0f} msg/s, ratio {service / passthrough:.2f}; host CPU steal "
                       f"{describe_steal(passthrough_steal)} / {describe_steal(service_steal)}; CPU per message "
-                      f"{_describe_cpu(passthrough_cpu, 'client')} / {_describe_cpu(service_cpu, 'service process')}",
+                      f"{_describe_cpu(passthrough_cpu, 'client', workers=False)} / "
+                      f"{_describe_cpu(service_cpu, 'service process', workers=True)}",
                       flush=True)
 
             pass_lat = await _latency(
@@ -182,10 +183,10 @@ class _Round(NamedTuple):
     service_cpu: dict[str, float | None]
 
 
-def _describe_cpu(cpu: dict[str, float | None], process: str) -> str:
-    """A side's microseconds of CPU per message: in all, and its parts."""
-    parts = [(process, cpu["process"]), ("workers", cpu["children"]), ("broker", cpu["broker"])]
-    shown = ", ".join(f"{name} {value:.1f}" for name, value in parts if value is not None and (value or name != "workers"))
+def _describe_cpu(cpu: dict[str, float | None], process: str, *, workers: bool) -> str:
+    """A side's microseconds of CPU per message: in all, and its parts (the broker's where it is known)."""
+    parts = [(process, cpu["process"]), *([("workers", cpu["children"])] if workers else []), ("broker", cpu["broker"])]
+    shown = ", ".join(f"{name} {value:.1f}" for name, value in parts if value is not None)
     return f"{_total_cpu(cpu):.1f} us ({shown})"
 
 
