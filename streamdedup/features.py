@@ -30,7 +30,16 @@ import numpy as np
 from .normalize import NOSPACE, PUNCTUATION, SYMBOL, WORD, CodePointBatch
 from .settings import FeatureSettings
 
-__all__ = ["IDENTITY_BITS", "MAX_DOCUMENTS", "FeatureBatch", "FeatureExtractor", "HashName", "mix64"]
+__all__ = [
+    "IDENTITY_BITS",
+    "MAX_DOCUMENTS",
+    "MAX_ROUTES",
+    "FeatureBatch",
+    "FeatureExtractor",
+    "HashName",
+    "mix64",
+    "route_of",
+]
 
 HashName = Literal["fast", "md5", "shake256"]
 
@@ -42,10 +51,16 @@ and one more index marks windows that straddle two documents)."""
 _IDENTITY_SHIFT = np.uint64(64 - IDENTITY_BITS)
 _IDENTITY_MASK = np.uint64((1 << IDENTITY_BITS) - 1)
 _IDENTITY_LIMIT = np.uint64(1 << IDENTITY_BITS)
+_IDENTITY_SHIFT_ROUTE = np.uint64(IDENTITY_BITS)
+MAX_ROUTES = 1 << (64 - IDENTITY_BITS)
 _KEY_DOCUMENT_SHIFT = np.uint64(IDENTITY_BITS)  # a (document, identity) key: the document above the identity
 # With ``least``, a document's occurrences are first cut to an identity bound expected to leave this many times
 # ``least`` of them: enough that repeated features rarely leave fewer than ``least`` distinct ones.
 _OVERSAMPLE = 4.0
+# The same for ``least_per_route``, higher because every one of the routes must keep enough, and features repeat
+# (a 10-20 kB text has distinct features for ~40 % of its code points): expecting 42 occurrences where 3 features
+# are wanted leaves ~17 distinct, and a route falls short with probability ~1e-5 (one 32-route text in ~4,000).
+_ROUTE_OVERSAMPLE = 14.0
 _SPACE_CODE_POINT = np.uint64(0x20)
 # Odd multiplier of the polynomial hash, so it is invertible modulo 2**64.
 _BASE = 0x9E3779B97F4A7C15
@@ -57,6 +72,19 @@ _WORD_MIX = np.uint64(0xA0761D6478BD642F)
 _FMIX_1 = np.uint64(0xFF51AFD7ED558CCD)
 _FMIX_2 = np.uint64(0xC4CEB9FE1A85EC53)
 _SHIFT = np.uint64(33)
+
+
+def route_of(identities: np.ndarray, routes: int) -> np.ndarray:
+    """Route (0 .. routes - 1) of each identity: its place in ``routes`` equal ranges of the identity space.
+
+    Ranges keep identity order, so a document's features (ascending identities) come grouped by route.
+    """
+    return (identities * np.uint64(routes)) >> _IDENTITY_SHIFT_ROUTE
+
+
+def _within_route(identities: np.ndarray, routes: int) -> np.ndarray:
+    """Each identity's place within its route, scaled to the identity range (ascending within a route)."""
+    return (identities * np.uint64(routes)) & _IDENTITY_MASK
 
 
 def mix64(values: np.ndarray) -> np.ndarray:
@@ -76,7 +104,8 @@ class FeatureBatch:
     ``digests`` holds each feature's full-width hash as uint64 words (``digests[:, 0] == hashes``), in the
     fingerprint bit order (bit i is bit 63 - i % 64 of word i // 64). ``identities`` are the features'
     seeded ``IDENTITY_BITS``-bit identity hashes, ascending within each document: a document's first k
-    features are its bottom-k sample without another sort.
+    features are its bottom-k sample without another sort, and its features of each route (:func:`route_of`)
+    are contiguous, least identity first.
     """
 
     hashes: np.ndarray
@@ -293,8 +322,10 @@ def _windows(starts: np.ndarray, ends: np.ndarray, size: int) -> tuple[np.ndarra
 class FeatureExtractor:
     """Turns normalised texts into a :class:`FeatureBatch` of hashed, weighted, filtered features.
 
-    With ``least`` > 0 each document keeps only its ``least`` distinct features of least identity (all a
-    sampled fingerprint and a bottom-k sketch read), found without sorting all of them.
+    With ``least`` > 0 each document keeps its ``least`` distinct features of least identity (a bottom-k
+    sketch); with ``least_per_route`` > 0, also the ``least_per_route`` of least identity among its features of
+    each of ``routes`` routes (:func:`route_of`; a segmented fingerprint's sample). With either, a document
+    keeps just those, found without sorting all of its features; with neither, it keeps every feature.
     """
 
     def __init__(
@@ -305,6 +336,8 @@ class FeatureExtractor:
         *,
         width: int = 64,
         least: int = 0,
+        routes: int = 1,
+        least_per_route: int = 0,
     ) -> None:
         if hash_name not in ("fast", "md5", "shake256"):
             raise ValueError(f"hash must be fast, md5 or shake256, got {hash_name!r}")
@@ -312,10 +345,14 @@ class FeatureExtractor:
             raise ValueError(f"width must be a positive multiple of 64, got {width}")
         if not 0 <= seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {seed}")
-        if least < 0:
-            raise ValueError(f"least must be >= 0, got {least}")
+        if least < 0 or least_per_route < 0:
+            raise ValueError(f"least and least_per_route must be >= 0, got {least} and {least_per_route}")
+        if not 1 <= routes <= MAX_ROUTES:
+            raise ValueError(f"routes must be between 1 and {MAX_ROUTES}, got {routes}")
         self.settings = settings or FeatureSettings()
         self.least = least
+        self.routes = routes
+        self.least_per_route = least_per_route
         self.hash_name = hash_name
         self.seed = seed
         self.width = width
@@ -479,34 +516,49 @@ class FeatureExtractor:
         feature occurrence, found as ``groups``."""
         document_count = len(lengths)
         group_sizes = [len(each) for each in identities]
-        if not self.least:
-            return self._distinct(document_count, groups, group_sizes, _occurrence_keys(identities, owners))
-        # Only each document's ``least`` features of least identity are wanted: first keep the occurrences
-        # under a bound that leaves several times that many (sorting all of a long document's features costs
-        # more than hashing them), then lift the bound for any document that this left short. A document's
-        # length stands in for its number of occurrences: close for character n-grams, and a poor guess
-        # costs time, never a feature.
-        share = np.minimum(1.0, _OVERSAMPLE * self.least / np.maximum(lengths, 1))
-        bounds = (share * float(_IDENTITY_LIMIT)).astype(np.uint64)
+        # When only a few features of each document are wanted, first keep the occurrences under identity bounds
+        # that leave several times that many (sorting all of a long document's features costs more than
+        # hashing them), then lift the bounds for any document that they left short. A document's length
+        # stands in for its number of occurrences: close for character n-grams, and a poor guess costs time,
+        # never a feature.
+        if self.least or self.least_per_route:
+            bounds = _bounds(_OVERSAMPLE * self.least, lengths)
+            route_bounds = _bounds(_ROUTE_OVERSAMPLE * self.least_per_route * self.routes, lengths)
+        else:
+            bounds, route_bounds = np.full((2, document_count), _IDENTITY_LIMIT)
         while True:
-            if (bounds == _IDENTITY_LIMIT).all():
-                features = self._distinct(document_count, groups, group_sizes, _occurrence_keys(identities, owners))
-            else:
-                # Cut before the keys are made: a long document keeps a few percent of its occurrences.
-                # The document past the last (windows straddling two documents) keeps nothing.
-                owner_bounds = np.append(bounds, np.uint64(0))
-                hits = [np.flatnonzero(each < owner_bounds[owner]) for each, owner in zip(identities, owners, strict=True)]
-                keys = _occurrence_keys(
-                    [each[hit] for each, hit in zip(identities, hits, strict=True)],
-                    [owner[hit] for owner, hit in zip(owners, hits, strict=True)],
-                )
-                starts = np.cumsum([0, *group_sizes]).tolist()
-                positions = np.concatenate([np.empty(0, dtype=np.intp), *(hit + start for hit, start in zip(hits, starts))])
-                features = self._distinct(document_count, groups, group_sizes, keys, positions)
-            short = (features.counts < self.least) & (bounds < _IDENTITY_LIMIT)
-            if not short.any():
+            uncut = (bounds == _IDENTITY_LIMIT) | (route_bounds == _IDENTITY_LIMIT)
+            bounds[uncut] = route_bounds[uncut] = _IDENTITY_LIMIT
+            if uncut.all():
+                features, _ = self._distinct(document_count, groups, group_sizes, _occurrence_keys(identities, owners))
+                return features
+            # Cut before the keys are made: a long document keeps a few percent of its occurrences.
+            # The document past the last (windows straddling two documents) keeps nothing.
+            owner_bounds = np.append(bounds, np.uint64(0))
+            owner_route_bounds = np.append(route_bounds, np.uint64(0))
+            hits = [
+                self._under_bounds(each, owner_bounds[owner], owner_route_bounds[owner])
+                for each, owner in zip(identities, owners, strict=True)
+            ]
+            keys = _occurrence_keys(
+                [each[hit] for each, hit in zip(identities, hits, strict=True)],
+                [owner[hit] for owner, hit in zip(owners, hits, strict=True)],
+            )
+            starts = np.cumsum([0, *group_sizes]).tolist()
+            positions = np.concatenate([np.empty(0, dtype=np.intp), *(hit + start for hit, start in zip(hits, starts))])
+            features, short = self._distinct(document_count, groups, group_sizes, keys, positions, cut=~uncut)
+            if features is not None:
                 return features
             bounds[short] = _IDENTITY_LIMIT
+
+    def _under_bounds(self, identities: np.ndarray, bounds: np.ndarray, route_bounds: np.ndarray) -> np.ndarray:
+        """Positions of the identities under their bound or under their route bound (within the route)."""
+        if not self.least_per_route:
+            return np.flatnonzero(identities < bounds)
+        under = _within_route(identities, self.routes) < route_bounds
+        if self.least:
+            under |= identities < bounds
+        return np.flatnonzero(under)
 
     def _distinct(
         self,
@@ -515,9 +567,12 @@ class FeatureExtractor:
         group_sizes: list[int],
         keys: np.ndarray,
         positions: np.ndarray | None = None,
-    ) -> FeatureBatch:
+        cut: np.ndarray | None = None,
+    ) -> tuple[FeatureBatch | None, np.ndarray | None]:
         """Each document's distinct features, weighted and filtered, from the (document, identity) key of
-        every occurrence (``positions`` maps them into ``groups`` when they are a subset)."""
+        every occurrence (``positions`` maps them into ``groups`` when they are a subset). Where the occurrences
+        of the documents marked ``cut`` were cut by identity bounds, and some of them are left with fewer
+        features than wanted, there are no features but those documents (``None``, the documents)."""
         if self.hash_name == "fast":
             occurrence = None
             keys = np.sort(keys)
@@ -551,20 +606,17 @@ class FeatureExtractor:
         offsets = np.empty(document_count + 1, dtype=np.intp)
         offsets[:-1] = np.searchsorted(keys, np.arange(document_count, dtype=np.uint64) << _KEY_DOCUMENT_SHIFT)
         offsets[-1] = len(keys)
-        if self.least:
-            # Identity order within each document: its first ``least`` features are the ones wanted.
-            sizes = np.diff(offsets)
-            if sizes.max(initial=0) > self.least:
-                kept_sizes = np.minimum(sizes, self.least)
-                kept_offsets = np.zeros_like(offsets)
-                np.cumsum(kept_sizes, out=kept_offsets[1:])
-                first = np.arange(kept_offsets[-1]) + np.repeat(offsets[:-1] - kept_offsets[:-1], kept_sizes)
-                identity = identity[first]
+        if self.least or self.least_per_route:
+            wanted, short = self._least_rows(identity, offsets, cut)
+            if short is not None and short.any():
+                return None, short
+            if wanted is not None:
+                identity = identity[wanted]
                 if counts is not None:
-                    counts = counts[first]
+                    counts = counts[wanted]
                 if occurrence is not None:
-                    heads = heads[first]
-                offsets = kept_offsets
+                    heads = heads[wanted]
+                offsets = np.searchsorted(wanted, offsets)
 
         weights = np.ones(len(identity), dtype=np.float64)
         if len(self._vocabulary_keys):
@@ -579,9 +631,10 @@ class FeatureExtractor:
             sources = positions[sources]
         digests = self._digests(identity, sources, groups, group_sizes)
         hashes = digests[:, 0] if digests.shape[1] > 1 else digests.reshape(-1)
-        return FeatureBatch(
+        features = FeatureBatch(
             hashes=np.ascontiguousarray(hashes), weights=weights, offsets=offsets, digests=digests, identities=identity
         )
+        return features, None
 
     def _digests(
         self, identity: np.ndarray, sources: np.ndarray | None, groups: list[_Group], group_sizes: list[int]
@@ -611,6 +664,41 @@ class FeatureExtractor:
         raw = b"".join(digest(text.encode("utf-8", "surrogatepass"), self.seed, words) for text in texts)
         table = np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(len(distinct), words)
         return table[inverse.reshape(-1)]
+
+    def _least_rows(
+        self, identity: np.ndarray, offsets: np.ndarray, cut: np.ndarray | None
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The rows of the features wanted (``least`` and ``least_per_route``; None: all of them) from each
+        document's distinct features in identity order, and, where some documents were ``cut``, which of those
+        have fewer than wanted (None when none were)."""
+        sizes = np.diff(offsets)
+        documents = len(sizes)
+        owner = np.repeat(np.arange(documents, dtype=np.intp), sizes)
+        kept = np.zeros(len(identity), dtype=bool)
+        short = np.zeros(documents, dtype=bool)
+        if self.least:
+            kept |= _among_first(owner, self.least)
+            short |= sizes < self.least
+        if self.least_per_route:
+            # A document's features of one route are contiguous (routes keep identity order).
+            group = owner * self.routes + route_of(identity, self.routes).astype(np.intp)
+            kept |= _among_first(group, self.least_per_route)
+            if cut is not None:
+                group_sizes = np.bincount(group, minlength=documents * self.routes).reshape(documents, self.routes)
+                short |= (group_sizes < self.least_per_route).any(axis=1)
+        return (None if kept.all() else np.flatnonzero(kept)), (None if cut is None else short & cut)
+
+
+def _bounds(wanted: float, lengths: np.ndarray) -> np.ndarray:
+    """Identity bounds expected to leave ``wanted`` occurrences of documents of these lengths (code points)."""
+    return (np.minimum(1.0, wanted / np.maximum(lengths, 1)) * float(_IDENTITY_LIMIT)).astype(np.uint64)
+
+
+def _among_first(runs: np.ndarray, count: int) -> np.ndarray:
+    """Whether each element of a sorted array is among the first ``count`` of its run of equal values."""
+    first = np.ones(len(runs), dtype=bool)
+    first[count:] = runs[count:] != runs[:-count]
+    return first
 
 
 def _occurrence_keys(identities: list[np.ndarray], owners: list[np.ndarray]) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from .document import DeadLetter, Document, DocumentDecoder
-from .features import MAX_DOCUMENTS, FeatureBatch, FeatureExtractor
+from .features import MAX_DOCUMENTS, FeatureBatch, FeatureExtractor, route_of
 from .normalize import CodePointBatch, Normalizer
 from .settings import FeatureSettings, FingerprintSettings, Settings
 
@@ -178,51 +178,40 @@ def segmented_simhash(
 ) -> np.ndarray:
     """Feature-partitioned SimHash: uint64 (documents, width // 64).
 
-    Each feature feeds exactly one of ``segments`` equal segments (chosen by its identity) and each segment
-    is the Charikar SimHash of its own features, over ``width // segments`` bits. A small edit changes the
-    few segments its features fall in and leaves the others bit-for-bit equal, so the index can key one
-    table per segment and find the copy through any untouched one. ``sample`` > 0 keeps only each
-    document's ``sample`` features of least identity, the same stable sample as bottom-k MinHash, so a long
-    document has as few features per segment as a short one. A segment with fewer than ``min_features``
-    features is left all zero (unkeyed), unless no segment of the document reaches that, in which case every
-    non-empty segment counts: short texts stay findable.
+    Each feature feeds exactly one of ``segments`` equal segments (its route, :func:`route_of` of its identity)
+    and each segment is the Charikar SimHash of its own features, over ``width // segments`` bits. A small edit
+    changes the few segments its features fall in and leaves the others bit-for-bit equal, so the index can key
+    one table per segment and find the copy through any untouched one. ``sample`` > 0 (a multiple of
+    ``segments``) builds each segment from its ``sample // segments`` features of least identity, a bottom-k
+    sample per segment: a long document has as few features per segment as a short one, and a feature that
+    enters or leaves one segment's sample changes no other segment. A segment with fewer than
+    ``min_features`` features is left all zero (unkeyed), unless no segment of the document reaches that, in
+    which case every non-empty segment counts: short texts stay findable.
     """
     seg_bits = width // segments
     if width % segments or seg_bits > 64 or 64 % seg_bits:
         raise ValueError(f"segments must split width {width} into equal parts of 1..64 bits dividing 64, got {segments}")
+    if sample % segments:
+        raise ValueError(f"sample must be a multiple of the {segments} segments, got {sample}")
     documents = len(features)
-    hashes, weights, identities, counts = features.hashes, features.weights, features.identities, features.counts
-    if sample and counts.max(initial=0) > sample:
-        # Features come in identity order within each document, so its first ``sample`` are the sample.
-        rank = np.arange(len(hashes)) - np.repeat(features.offsets[:-1], counts)
-        kept = rank < sample
-        hashes, weights, identities = hashes[kept], weights[kept], identities[kept]
-        counts = np.minimum(counts, sample)
-    owner = np.repeat(np.arange(documents, dtype=np.uint64), counts)
-    # The identity's low bits route: independent of the digest bits that become the segment's value.
-    power_of_two = segments & (segments - 1) == 0
-    route = identities & np.uint64(segments - 1) if power_of_two else identities % np.uint64(segments)
-    group = owner * np.uint64(segments) + route
+    hashes, weights, counts = features.hashes, features.weights, features.counts
     cells = documents * segments
-    sizes = np.bincount(group.astype(np.intp), minlength=cells)
+    # Features come in identity order within each document, and routes keep that order: each document's
+    # features of one segment are contiguous, least identity first, and the groups are in cell order.
+    owner = np.repeat(np.arange(documents, dtype=np.intp), counts)
+    group = owner * segments + route_of(features.identities, segments).astype(np.intp)
+    sizes = np.bincount(group, minlength=cells)
+    per_segment = sample // segments
+    if per_segment and sizes.max(initial=0) > per_segment:
+        rank = np.arange(len(group)) - (np.cumsum(sizes) - sizes)[group]
+        kept = np.flatnonzero(rank < per_segment)
+        group, hashes, weights = group[kept], hashes[kept], weights[kept]
+        sizes = np.minimum(sizes, per_segment)
     values = np.zeros(cells, dtype=np.uint64)
     unit = bool(np.all(weights == 1.0))
     if len(group) and unit and seg_bits == 32 and sizes.max() <= _MAJORITY_DEPTH:
-        if cells <= 1 << 16:
-            # 16-bit groups: numpy's stable sort of them is a radix sort, linear and about half the time of
-            # the plain sort below (the majority does not care how a group's members are ordered).
-            narrow = group.astype(np.uint16)
-            order = np.argsort(narrow, kind="stable")
-            members, member_groups = (hashes[order] >> np.uint64(32)).astype(np.uint32), narrow[order]
-        else:
-            # (group, value) packed in one word: a plain sort (vectorised in numpy) groups them, no argsort.
-            packed = np.sort((group << np.uint64(32)) | (hashes >> np.uint64(32)))
-            # The cast to uint32 keeps each word's low half: the value.
-            members, member_groups = packed.astype(np.uint32), packed >> np.uint64(32)
-        values = _majority32(members, member_groups.astype(np.intp), sizes)
+        values = _majority32((hashes >> np.uint64(32)).astype(np.uint32), group, sizes)
     elif len(group):
-        order = np.argsort(group)
-        group, hashes, weights = group[order].astype(np.intp), hashes[order], weights[order]
         starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
         if unit:
             leading = _leading_bits(hashes, seg_bits)
@@ -326,9 +315,9 @@ class FingerprintBatch:
 class Fingerprinter:
     """Normalise, extract features and SimHash batches of texts; options are :class:`FingerprintSettings`.
 
-    A fingerprint sampled from each document's ``segment_sample`` features of least identity only needs
-    those, so :attr:`FingerprintBatch.features` holds just them, or ``keep_features`` if that is more (a
-    bottom-k sketch taken from them needs k); otherwise it holds every feature.
+    A fingerprint sampled from each segment's ``segment_sample / segments`` features of least identity only
+    needs those, so :attr:`FingerprintBatch.features` holds just them and each document's ``keep_features`` of
+    least identity (a bottom-k sketch taken from them needs k); otherwise it holds every feature.
     """
 
     def __init__(self, *, keep_features: int = 0, **options: Any) -> None:
@@ -346,7 +335,9 @@ class Fingerprinter:
             self.settings.hash,
             self.settings.seed,
             width=digest_width,
-            least=max(sample, keep_features) if sample else 0,
+            least=keep_features if sample else 0,
+            routes=self.settings.segments,
+            least_per_route=sample // self.settings.segments,
         )
 
     @classmethod

@@ -115,6 +115,11 @@ class FingerprintSettings(Section):
                 f"segments must cut width {self.width} into equal segments of 1, 2, 4, 8, 16, 32 or 64 bits, "
                 f"got {self.segments}"
             )
+        if self.segments > 1 and self.segment_sample % self.segments:
+            raise ValueError(
+                f"segment_sample must be a multiple of the {self.segments} segments (each takes an equal share), "
+                f"got {self.segment_sample}"
+            )
         return self
 
 

@@ -210,22 +210,42 @@ def first_features(batch: FeatureBatch, document: int, count: int) -> list[tuple
         min_size=1,
         max_size=6,
     ),
-    least=st.sampled_from([1, 3, 8, 30]),
+    least=st.sampled_from([0, 1, 3, 8, 30]),
+    routes_and_least=st.sampled_from([(1, 0), (2, 1), (3, 1), (3, 3), (32, 1)]),
     hash_name=st.sampled_from(["fast", "md5"]),
     options=st.sampled_from(
         [{}, {"weighting": "tf"}, {"frequency_floor": 2}, {"frequency_ceiling": 1}, {"excludes": ["ab", "дж"]}]
     ),
 )
-def test_least_keeps_exactly_the_features_of_least_identity(
-    texts: list[str], least: int, hash_name: str, options: dict[str, object]
+def test_least_keeps_exactly_the_features_of_least_identity_of_each_document_and_route(
+    texts: list[str], least: int, routes_and_least: tuple[int, int], hash_name: str, options: dict[str, object]
 ) -> None:
+    routes, least_per_route = routes_and_least
     feature_settings = FeatureSettings(word_ngrams=[1], char_ngrams=[3], **options)
     everything = FeatureExtractor(feature_settings, hash_name, width=128).extract(texts)  # type: ignore[arg-type]
-    extractor = FeatureExtractor(feature_settings, hash_name, width=128, least=least)  # type: ignore[arg-type]
+    extractor = FeatureExtractor(
+        feature_settings,
+        hash_name,  # type: ignore[arg-type]
+        width=128,
+        least=least,
+        routes=routes,
+        least_per_route=least_per_route,
+    )
     fewest = extractor.extract(texts)
-    assert fewest.counts.tolist() == np.minimum(everything.counts, least).tolist()
+    wanted = least or least_per_route
     for index in range(len(texts)):
-        assert first_features(fewest, index, least) == first_features(everything, index, least)
+        features = first_features(everything, index, everything.counts[index])
+        if wanted:
+            # The oracle: a document's features are in identity order; count each route's as they come.
+            seen = [0] * routes
+            kept = []
+            for rank, feature in enumerate(features):
+                route = feature[0] * routes >> 44
+                if rank < least or seen[route] < least_per_route:
+                    kept.append(feature)
+                seen[route] += 1
+            features = kept
+        assert first_features(fewest, index, fewest.counts[index]) == features
 
 
 def test_the_last_document_of_a_full_extraction_keeps_its_features() -> None:
@@ -267,5 +287,9 @@ def test_bad_options() -> None:
         FeatureExtractor(hash_name="sha1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="multiple of 64"):
         FeatureExtractor(width=100)
-    with pytest.raises(ValueError, match="least must be"):
+    with pytest.raises(ValueError, match="least and least_per_route must be >= 0"):
         FeatureExtractor(least=-1)
+    with pytest.raises(ValueError, match="least and least_per_route must be >= 0"):
+        FeatureExtractor(least_per_route=-1)
+    with pytest.raises(ValueError, match="routes must be between 1 and"):
+        FeatureExtractor(routes=0)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamdedup.cli import main
-from streamdedup.features import FeatureBatch, FeatureExtractor
+from streamdedup.features import FeatureBatch, FeatureExtractor, route_of
 from streamdedup.fingerprint import Fingerprinter, fingerprint_hex, simhash_from_bits, simhash_from_features
 from streamdedup.normalize import CodePointBatch, Normalizer
 from streamdedup.settings import FeatureSettings
@@ -286,9 +286,14 @@ def test_cli_file_prints_one_line_per_record(tmp_path: Path, capsys: pytest.Capt
 def brute_segments(
     hashes: list[int], identities: list[int], segments: int, bits: int, min_features: int, sample: int
 ) -> list[int]:
-    """Per segment: the SimHash of the sampled features routed to it (one Python loop per bit: the oracle)."""
-    chosen = sorted(zip(identities, hashes))[: sample or None]
-    members = [[h for identity, h in chosen if identity % segments == g] for g in range(segments)]
+    """Per segment: the SimHash of the sampled features routed to it (one Python loop per bit: the oracle).
+
+    A feature's route is its identity's range among ``segments`` equal ranges of the 44-bit identities; each
+    segment samples its ``sample // segments`` features of least identity."""
+    routed = [[] for _ in range(segments)]
+    for identity, h in sorted(zip(identities, hashes)):
+        routed[identity * segments >> 44].append((identity, h))
+    members = [[h for _, h in features[: sample // segments or None]] for features in routed]
     values = []
     for group in members:
         votes = [sum(1 if (h >> (63 - i)) & 1 else -1 for h in group) for i in range(bits)]
@@ -304,14 +309,15 @@ def brute_segments(
     st.lists(st.lists(st.integers(0, 2**64 - 1), max_size=40, unique=True), min_size=1, max_size=6),
     st.sampled_from([(128, 8), (256, 8), (1024, 32), (512, 64)]),
     st.integers(1, 3),
-    st.sampled_from([0, 5, 24]),
+    st.sampled_from([0, 1, 3]),
 )
 def test_segmented_simhash_matches_brute_force(
-    docs: list[list[int]], shape: tuple[int, int], min_features: int, sample: int
+    docs: list[list[int]], shape: tuple[int, int], min_features: int, per_segment: int
 ) -> None:
     from streamdedup.fingerprint import segmented_simhash
 
     width, segments = shape
+    sample = per_segment * segments
     bits = width // segments
     # Identities: distinct 44-bit values, ascending within each document as the extractor leaves them.
     identities = [sorted((h * 0x9E3779B97F4A7C15 % 2**64) >> 20 for h in doc) for doc in docs]
@@ -327,9 +333,9 @@ def test_segmented_simhash_matches_brute_force(
         assert got == expected
 
 
-def test_segmented_simhash_of_a_batch_past_16_bit_groups_equals_its_parts() -> None:
-    """Batches of more than 2**16 (document, segment) groups take another grouping path; each document's
-    fingerprint must not depend on it."""
+def test_segmented_simhash_of_a_large_batch_equals_its_parts() -> None:
+    """A document's fingerprint does not depend on the batch around it, even one of more than 2**16
+    (document, segment) groups."""
     from streamdedup.fingerprint import segmented_simhash
 
     rng = np.random.default_rng(12)
@@ -375,19 +381,37 @@ def test_sampling_makes_long_documents_as_stable_as_short_ones() -> None:
     long_text = " ".join(f"word{i}" for i in range(3000))
     sampled = Fingerprinter(segment_sample=96)
     batch = sampled.fingerprint_batch([long_text, long_text + " tail"])
-    # Only the sample is kept: the 96 features of least identity among the document's more than 96 * 40.
+    # Only the sample is kept: of the document's more than 96 * 40 features, the 3 of least identity routed to
+    # each of the 32 segments.
     everything = FeatureExtractor(sampled.extractor.settings).extract(batch.normalized[:1])
     assert everything.counts[0] > 96 * 40
     assert batch.features.counts.tolist() == [96, 96]
-    assert batch.features.identities[:96].tolist() == everything.identities[:96].tolist()
-    # The few features the tail adds are not among the 96 of least hash: every segment stays the same.
-    assert batch.fingerprints[0].tolist() == batch.fingerprints[1].tolist()
+    routed = list(zip(route_of(everything.identities, 32).tolist(), everything.identities.tolist()))
+    expected = [identity for route in range(32) for identity in [i for r, i in routed if r == route][:3]]
+    assert batch.features.identities[:96].tolist() == expected
+    # The few features the tail adds can only change the segments they are routed to: every other stays the same.
+    tail = set(FeatureExtractor(sampled.extractor.settings).extract(batch.normalized[1:]).identities.tolist())
+    touched = set(route_of(np.array(sorted(tail - set(everything.identities.tolist())), dtype=np.uint64), 32).tolist())
+    assert 0 < len(touched) <= 4
+    changed = {g for g, (x, y) in enumerate(zip(*map(segments32, batch.fingerprints))) if x != y}
+    assert changed <= touched
     assert sum(x != 0 for x in segments32(batch.fingerprints[0])) >= 16
 
 
 def test_keep_features_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="keep_features must be >= 0"):
         Fingerprinter(keep_features=-1)
+
+
+def test_the_sample_must_give_every_segment_an_equal_share() -> None:
+    from streamdedup.fingerprint import segmented_simhash
+
+    with pytest.raises(ValueError, match="segment_sample must be a multiple of the 32 segments"):
+        Fingerprinter(segments=32, segment_sample=40)
+    features = FeatureExtractor().extract(["some words here"])
+    with pytest.raises(ValueError, match="sample must be a multiple of the 8 segments"):
+        segmented_simhash(features, 256, 8, sample=12)
+    assert Fingerprinter(segments=1, width=64, segment_sample=40).fingerprint(["some words here"]).shape == (1, 1)
 
 
 def test_segments_must_divide_the_width() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from streamdedup.decide import Deduplicator
 from streamdedup.document import Document
-from streamdedup.features import FeatureExtractor
+from streamdedup.features import FeatureExtractor, route_of
 from streamdedup.fingerprint import Fingerprinter
 from streamdedup.minhash import BottomK
 from streamdedup.index.plan import make_segment_plan
@@ -66,19 +67,27 @@ def test_joined_signatures_are_those_of_the_whole_batch_without_its_keys(setting
 
 
 def test_a_sketch_wider_than_the_fingerprint_sample_reads_every_feature_it_needs(settings: Settings) -> None:
-    fingerprint = settings.fingerprint.model_copy(update={"segment_sample": 8})
+    fingerprint = settings.fingerprint.model_copy(update={"segment_sample": 32})
     policy = settings.dedup.model_copy(update={"sketch_size": 64})
-    texts = [" ".join(TEXTS) * 20, TEXTS[0], TEXTS[-1]]
+    texts = [
+        " ".join(TEXTS) * 20,
+        " ".join(TEXTS[:2]) + " while the lazy dog sleeps under an old oak tree",
+        " ".join(TEXTS[-1:] * 2 + TEXTS[:1]),
+    ]
     signatures = Signer(fingerprint, policy).sign(texts)
     fingerprinter = Fingerprinter.from_settings(fingerprint)
     extractor = fingerprinter.extractor
     everything = FeatureExtractor(extractor.settings, extractor.hash_name, extractor.seed).extract(
         fingerprinter.normalizer.normalize(texts)
     )
-    assert everything.counts.min() > 8
+    assert everything.counts.min() > 64
     assert signatures.sketches.tolist() == BottomK(64).sketch(everything).tolist()
-    # The fingerprint is still sampled from 8 features, as a fingerprinter that keeps only those makes it.
-    assert fingerprinter.fingerprint_batch(texts).features.counts.max() == 8
+    # The fingerprint is still sampled from one feature per segment, as a fingerprinter that keeps only those
+    # makes it.
+    sampled = fingerprinter.fingerprint_batch(texts).features
+    routes = route_of(sampled.identities, 32)
+    for first, last in itertools.pairwise(sampled.offsets.tolist()):
+        assert len(set(routes[first:last].tolist())) == last - first > 16
     assert signatures.fingerprints.tolist() == fingerprinter.fingerprint(texts).tolist()
 
 
