@@ -75,11 +75,15 @@ _SHIFT = np.uint64(33)
 
 
 def route_of(identities: np.ndarray, routes: int) -> np.ndarray:
-    """Route (0 .. routes - 1) of each identity: its place in ``routes`` equal ranges of the identity space.
+    """Route (0 .. routes - 1, as intp) of each identity: its place in ``routes`` equal ranges of the identity
+    space.
 
     Ranges keep identity order, so a document's features (ascending identities) come grouped by route.
     """
-    return (identities * np.uint64(routes)) >> _IDENTITY_SHIFT_ROUTE
+    routed = identities * np.uint64(routes)
+    routed >>= _IDENTITY_SHIFT_ROUTE
+    # Below 2**20, so the same words read as intp: no copy.
+    return routed.view(np.intp)
 
 
 def _within_route(identities: np.ndarray, routes: int) -> np.ndarray:
@@ -681,7 +685,8 @@ class FeatureExtractor:
             short |= sizes < self.least
         if self.least_per_route:
             # A document's features of one route are contiguous (routes keep identity order).
-            group = owner * self.routes + route_of(identity, self.routes).astype(np.intp)
+            group = route_of(identity, self.routes)
+            group += owner * self.routes
             kept |= _among_first(group, self.least_per_route)
             if cut is not None:
                 group_sizes = np.bincount(group, minlength=documents * self.routes).reshape(documents, self.routes)

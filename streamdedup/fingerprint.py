@@ -198,8 +198,8 @@ def segmented_simhash(
     cells = documents * segments
     # Features come in identity order within each document, and routes keep that order: each document's
     # features of one segment are contiguous, least identity first, and the groups are in cell order.
-    owner = np.repeat(np.arange(documents, dtype=np.intp), counts)
-    group = owner * segments + route_of(features.identities, segments).astype(np.intp)
+    group = route_of(features.identities, segments)
+    group += np.repeat(np.arange(0, cells, segments, dtype=np.intp), counts)
     sizes = np.bincount(group, minlength=cells)
     per_segment = sample // segments
     if per_segment and sizes.max(initial=0) > per_segment:
