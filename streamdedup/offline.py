@@ -23,7 +23,7 @@ from .decide import Deduplicator, Verdicts
 from .document import DeadLetter, Document, DocumentDecoder
 from .index import IndexPlan, SegmentIndex, planned
 from .settings import InputSettings, Settings
-from .signature import Signatures, Signer, SignerPool
+from .signature import Signatures, Signer, SignerPool, signing_id
 
 __all__ = ["DedupSummary", "decide_lines", "dedup_file", "index_plan", "open_index", "signer_pool"]
 
@@ -58,6 +58,7 @@ def open_index(settings: Settings, path: Path, *, durable: bool = True) -> Segme
         payload_bytes=settings.dedup.sketch_size * 8,
         path=path,
         segments=settings.fingerprint.segments,
+        signing=signing_id(settings.fingerprint, settings.dedup),
     )
 
 

@@ -9,6 +9,8 @@ previous batch. Both give the same :class:`Signatures` for the same texts and se
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -23,9 +25,14 @@ from .minhash import BottomK
 from .settings import DedupSettings, FingerprintSettings
 from .workers import WorkerProcess
 
-__all__ = ["BatchPairs", "Signatures", "Signer", "SignerPool"]
+__all__ = ["SIGNING_SCHEME", "BatchPairs", "Signatures", "Signer", "SignerPool", "signing_id"]
 
 _T = TypeVar("_T")
+
+SIGNING_SCHEME = 2
+"""Raised whenever the same settings give other fingerprints or sketches than before (2: each segment samples its
+own features, and a feature's segment is its identity's range), so that an index built by older code refuses
+to be searched with the new ones."""
 
 SIGNER_NICENESS = 10
 """Signing workers run batches ahead of the decider, which is serial: when both want one core, the decider
@@ -86,6 +93,18 @@ class Signatures:
         """Texts with features and without an error: the ones that can be looked up and stored."""
         failed = np.fromiter((error is not None for error in self.errors), dtype=bool, count=len(self.errors))
         return ~(self.empty | failed)
+
+
+def signing_id(fingerprint: FingerprintSettings, policy: DedupSettings) -> str:
+    """How texts are signed, in a few words an index records: the scheme and a digest of every setting that
+    shapes a fingerprint or a sketch. The same id means the same signatures for the same texts."""
+    shaping = {
+        "fingerprint": fingerprint.model_dump(mode="json"),
+        "sketch_size": policy.sketch_size,
+        "sketch_features": None if policy.sketch_features is None else policy.sketch_features.model_dump(mode="json"),
+    }
+    digest = hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
+    return f"scheme {SIGNING_SCHEME}, settings {digest}"
 
 
 class Signer:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from streamdedup.cli import main
-from streamdedup.offline import dedup_file
+from streamdedup.index import PlanError
+from streamdedup.offline import dedup_file, open_index
 from streamdedup.settings import load_settings
+from streamdedup.signature import signing_id
 
 CONFIG = Path(__file__).parents[1] / "config.yaml"
 BASE = "the quick brown fox jumps over the lazy dog while the farmer watches from the old red barn"
@@ -106,3 +110,16 @@ def test_batches_follow_the_configured_size_and_a_given_pool_is_used_and_left_ru
     assert sizes[3:] == [25]
     assert first.as_dict() == second.as_dict()
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+
+
+def test_an_index_built_under_other_fingerprint_settings_is_refused(tmp_path: Path) -> None:
+    settings = load_settings(CONFIG)
+    with open_index(settings, tmp_path / "index"):
+        pass
+    other = settings.model_copy(
+        update={"fingerprint": settings.fingerprint.model_copy(update={"segment_sample": 64})}
+    )
+    with pytest.raises(PlanError, match="signing scheme"):
+        open_index(other, tmp_path / "index")
+    with open_index(settings, tmp_path / "index") as index:
+        assert index.signing == signing_id(settings.fingerprint, settings.dedup)

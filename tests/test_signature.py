@@ -18,8 +18,8 @@ from streamdedup.minhash import BottomK
 from streamdedup.index.plan import make_segment_plan
 from streamdedup.offline import index_plan, open_index
 from streamdedup.quality.corpus import load_stream
-from streamdedup.settings import Settings, load_settings
-from streamdedup.signature import SIGNER_NICENESS, Signatures, Signer, SignerPool
+from streamdedup.settings import FeatureSettings, Settings, load_settings
+from streamdedup.signature import SIGNER_NICENESS, SIGNING_SCHEME, Signatures, Signer, SignerPool, signing_id
 from streamdedup.workers import WorkerDied
 
 TEXTS = [
@@ -187,3 +187,19 @@ def test_warm_up_reaches_every_worker_and_signing_goes_on_as_before(settings: Se
         assert all(np.array_equal(pool.submit(texts).result(timeout=60).fingerprints, signed_here) for _ in range(2))
     with pytest.raises(RuntimeError, match="stopped"):
         pool.warm_up()
+
+
+def test_the_signing_id_changes_with_every_setting_that_shapes_a_signature(settings: Settings) -> None:
+    fingerprint, policy = settings.fingerprint, settings.dedup
+    same = signing_id(fingerprint.model_copy(), policy.model_copy())
+    assert same == signing_id(fingerprint, policy) and same.startswith(f"scheme {SIGNING_SCHEME}, settings ")
+    others = {
+        signing_id(fingerprint.model_copy(update={"segment_sample": 64}), policy),
+        signing_id(fingerprint.model_copy(update={"seed": 1}), policy),
+        signing_id(fingerprint.model_copy(update={"features": FeatureSettings(char_ngrams=[5])}), policy),
+        signing_id(fingerprint, policy.model_copy(update={"sketch_size": 32})),
+        signing_id(fingerprint, policy.model_copy(update={"sketch_features": FeatureSettings()})),
+    }
+    assert len(others) == 5 and same not in others
+    # The decision policy's thresholds shape no stored signature.
+    assert signing_id(fingerprint, policy.model_copy(update={"min_jaccard": 0.9, "verify": False})) == same

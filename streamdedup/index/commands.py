@@ -17,6 +17,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..settings import Settings
+from ..signature import signing_id
 from .segment import SegmentIndex
 
 __all__ = ["ACTIONS", "parse_fingerprints", "run_index_command"]
@@ -95,7 +96,12 @@ def _import(path: Path, settings: Settings, records: Iterable[dict[str, Any]]) -
     payload_bytes = len(first[0]["payload"]) // 2
     added = 0
     with SegmentIndex.from_settings(
-        settings.index, bits=bits, payload_bytes=payload_bytes, path=path, segments=settings.fingerprint.segments
+        settings.index,
+        bits=bits,
+        payload_bytes=payload_bytes,
+        path=path,
+        segments=settings.fingerprint.segments,
+        signing=signing_id(settings.fingerprint, settings.dedup),
     ) as index:
         for chunk in chain([first], batches):
             index.add(

@@ -227,6 +227,7 @@ class SegmentIndex:
         sync: bool = True,
         readonly: bool = False,
         mirror_bytes: int = 256 << 20,
+        signing: str | None = None,
     ) -> None:
         self.path = Path(path)
         self.sync = sync
@@ -258,7 +259,7 @@ class SegmentIndex:
             subdir=True,
         )
         try:
-            self._open(bits, radius, expected_entries, payload_bytes, plan, max_tables, time_bucket)
+            self._open(bits, radius, expected_entries, payload_bytes, plan, max_tables, time_bucket, signing)
         except BaseException:
             self.env.close()
             raise
@@ -266,10 +267,11 @@ class SegmentIndex:
     @classmethod
     def from_settings(
         cls, settings: IndexSettings, *, bits: int | None, payload_bytes: int | None, path: str | os.PathLike[str] | None = None,
-        readonly: bool = False, segments: int = 1,
+        readonly: bool = False, segments: int = 1, signing: str | None = None,
     ) -> SegmentIndex:
         """The index an ``index:`` config section describes (at ``settings.path`` unless ``path`` is given);
-        ``segments`` > 1 (a segmented fingerprint) takes one table per segment."""
+        ``segments`` > 1 (a segmented fingerprint) takes one table per segment. ``signing`` names how fingerprints
+        and payloads are made (recorded in a new index; an existing one that recorded another refuses)."""
         # Classic plans are left to the constructor, which keeps an existing index's planning size.
         segmented = segments > 1 and not readonly and bits is not None
         plan = planned(settings, bits=bits, segments=segments) if segmented else None
@@ -290,6 +292,7 @@ class SegmentIndex:
             sync=settings.sync,
             readonly=readonly,
             mirror_bytes=settings.mirror_bytes,
+            signing=signing,
         )
 
     # ----------------------------------------------------------------- opening
@@ -303,6 +306,7 @@ class SegmentIndex:
         plan: IndexPlan | None,
         max_tables: int,
         time_bucket: float,
+        signing: str | None,
     ) -> None:
         self._meta = self._db(names.INDEX_DB_META)
         with self._read() as txn:
@@ -323,6 +327,7 @@ class SegmentIndex:
                 "table_values": _ENTRY_VALUES if entry_valued else _FOLD_VALUES,
                 # Entry-valued keys hold about one row each, which dupsort stores as a plain node.
                 "table_layout": "rows" if entry_valued else "buckets",
+                "signing": signing,
             }
             with self.env.begin(write=True) as txn:
                 txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=self._meta)
@@ -338,7 +343,8 @@ class SegmentIndex:
         self.plan = IndexPlan.from_json(json.dumps(fmt["plan"]))
         self.payload_bytes = int(fmt["payload_bytes"])
         self.time_bucket = float(fmt["time_bucket"])
-        self._check_compatible(bits, radius, payload_bytes, plan)
+        self.signing: str | None = fmt.get("signing")
+        self._check_compatible(bits, radius, payload_bytes, plan, signing)
         self.bits = self.plan.bits
         self.radius = self.plan.radius
         self.words = self.bits // 64
@@ -348,10 +354,14 @@ class SegmentIndex:
         self._open_dbs()
 
     def _check_compatible(
-        self, bits: int | None, radius: int | None, payload_bytes: int | None, plan: IndexPlan | None
+        self, bits: int | None, radius: int | None, payload_bytes: int | None, plan: IndexPlan | None, signing: str | None
     ) -> None:
         stored = self.plan
         problems = []
+        if signing is not None and signing != self.signing:
+            # Fingerprints made another way rarely come within the radius of the stored ones: lookups would miss
+            # their copies, silently.
+            problems.append(f"signing {signing} (stored: {self.signing or 'none recorded, an older index'})")
         if bits is not None and bits != stored.bits:
             problems.append(f"bits {bits} (stored {stored.bits})")
         if radius is not None and radius != stored.radius:

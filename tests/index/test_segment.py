@@ -335,6 +335,23 @@ def test_incompatible_open_is_a_clear_error_and_stored_settings_reopen(tmp_path:
             reader.add(["x"], np.array([[1]], dtype=np.uint64))
 
 
+def test_an_index_refuses_fingerprints_signed_another_way(tmp_path: Path) -> None:
+    with SegmentIndex(tmp_path / "signed", 64, 3, expected_entries=1000, signing="scheme 2, settings a") as index:
+        index.add(["k"], np.array([[5]], dtype=np.uint64))
+    with pytest.raises(PlanError, match=r"signing scheme 2, settings b \(stored: scheme 2, settings a\)"):
+        SegmentIndex(tmp_path / "signed", 64, 3, signing="scheme 2, settings b")
+    with SegmentIndex(tmp_path / "signed", 64, 3, signing="scheme 2, settings a") as index:
+        assert index.signing == "scheme 2, settings a" and len(index) == 1
+    # Readers and maintenance that do not sign anything open it as it is.
+    with SegmentIndex(tmp_path / "signed", None, None, payload_bytes=None, readonly=True) as reader:
+        assert reader.signing == "scheme 2, settings a"
+    # An index that recorded no signing (older code) cannot tell how its fingerprints were made.
+    with SegmentIndex(tmp_path / "older", 64, 3, expected_entries=1000) as index:
+        index.add(["k"], np.array([[5]], dtype=np.uint64))
+    with pytest.raises(PlanError, match="none recorded, an older index"):
+        SegmentIndex(tmp_path / "older", 64, 3, signing="scheme 2, settings a")
+
+
 def _index_as_written_by(path: Path, reference: Path, **changes: object) -> None:
     """A new, empty index at ``path`` whose stored format is ``reference``'s with ``changes`` (None deletes a key),
     as older code wrote it: the index creates its databases as that format says when it first opens them."""
