@@ -550,7 +550,7 @@ class FeatureExtractor:
             )
             starts = np.cumsum([0, *group_sizes]).tolist()
             positions = np.concatenate([np.empty(0, dtype=np.intp), *(hit + start for hit, start in zip(hits, starts))])
-            features, short = self._distinct(document_count, groups, group_sizes, keys, positions, cut=~uncut)
+            features, short = self._distinct(document_count, groups, group_sizes, keys, positions, (bounds, route_bounds))
             if features is not None:
                 return features
             bounds[short] = _IDENTITY_LIMIT
@@ -571,12 +571,12 @@ class FeatureExtractor:
         group_sizes: list[int],
         keys: np.ndarray,
         positions: np.ndarray | None = None,
-        cut: np.ndarray | None = None,
+        bounds: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> tuple[FeatureBatch | None, np.ndarray | None]:
         """Each document's distinct features, weighted and filtered, from the (document, identity) key of
         every occurrence (``positions`` maps them into ``groups`` when they are a subset). Where the occurrences
-        of the documents marked ``cut`` were cut by identity bounds, and some of them are left with fewer
-        features than wanted, there are no features but those documents (``None``, the documents)."""
+        were cut by ``bounds`` (see :meth:`_least_rows`), and some documents are left with fewer features than
+        wanted, there are no features but those documents (``None``, the documents)."""
         if self.hash_name == "fast":
             occurrence = None
             keys = np.sort(keys)
@@ -611,7 +611,7 @@ class FeatureExtractor:
         offsets[:-1] = np.searchsorted(keys, np.arange(document_count, dtype=np.uint64) << _KEY_DOCUMENT_SHIFT)
         offsets[-1] = len(keys)
         if self.least or self.least_per_route:
-            wanted, short = self._least_rows(identity, offsets, cut)
+            wanted, short = self._least_rows(identity, offsets, bounds)
             if short is not None and short.any():
                 return None, short
             if wanted is not None:
@@ -670,11 +670,11 @@ class FeatureExtractor:
         return table[inverse.reshape(-1)]
 
     def _least_rows(
-        self, identity: np.ndarray, offsets: np.ndarray, cut: np.ndarray | None
+        self, identity: np.ndarray, offsets: np.ndarray, bounds: tuple[np.ndarray, np.ndarray] | None
     ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The rows of the features wanted (``least`` and ``least_per_route``; None: all of them) from each
-        document's distinct features in identity order, and, where some documents were ``cut``, which of those
-        have fewer than wanted (None when none were)."""
+        document's distinct features in identity order, and, where they were cut by ``bounds`` (per document:
+        identity, within route), which documents that left with fewer than wanted (None when nothing was cut)."""
         sizes = np.diff(offsets)
         documents = len(sizes)
         owner = np.repeat(np.arange(documents, dtype=np.intp), sizes)
@@ -682,16 +682,23 @@ class FeatureExtractor:
         short = np.zeros(documents, dtype=bool)
         if self.least:
             kept |= _among_first(owner, self.least)
-            short |= sizes < self.least
+            if bounds is not None:
+                # The route bounds keep features of higher identity too: only those under the document's own
+                # bound are surely its least.
+                under = np.bincount(owner[identity < bounds[0][owner]], minlength=documents)
+                short |= under < self.least
         if self.least_per_route:
-            # A document's features of one route are contiguous (routes keep identity order).
+            # A document's features of one route are contiguous (routes keep identity order). Both bounds keep
+            # a prefix of each route, so its first features are its least.
             group = route_of(identity, self.routes)
             group += owner * self.routes
             kept |= _among_first(group, self.least_per_route)
-            if cut is not None:
+            if bounds is not None:
                 group_sizes = np.bincount(group, minlength=documents * self.routes).reshape(documents, self.routes)
                 short |= (group_sizes < self.least_per_route).any(axis=1)
-        return (None if kept.all() else np.flatnonzero(kept)), (None if cut is None else short & cut)
+        if bounds is not None:
+            short &= (bounds[0] < _IDENTITY_LIMIT) | (bounds[1] < _IDENTITY_LIMIT)
+        return (None if kept.all() else np.flatnonzero(kept)), (None if bounds is None else short)
 
 
 def _bounds(wanted: float, lengths: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ import unicodedata
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streamdedup.features import MAX_DOCUMENTS, FeatureBatch, FeatureExtractor
@@ -216,6 +216,10 @@ def first_features(batch: FeatureBatch, document: int, count: int) -> list[tuple
     options=st.sampled_from(
         [{}, {"weighting": "tf"}, {"frequency_floor": 2}, {"frequency_ceiling": 1}, {"excludes": ["ab", "дж"]}]
     ),
+)
+# The route bounds keep features of higher identity than the document's own bound: not its least ones.
+@example(
+    texts=[" 2 11 11 112a1a 2 a1221211a2111a   1222"], least=3, routes_and_least=(2, 1), hash_name="fast", options={}
 )
 def test_least_keeps_exactly_the_features_of_least_identity_of_each_document_and_route(
     texts: list[str], least: int, routes_and_least: tuple[int, int], hash_name: str, options: dict[str, object]
