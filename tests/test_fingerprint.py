@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -284,7 +284,13 @@ def test_cli_file_prints_one_line_per_record(tmp_path: Path, capsys: pytest.Capt
 
 
 def brute_segments(
-    hashes: list[int], identities: list[int], segments: int, bits: int, min_features: int, sample: int
+    hashes: list[int],
+    identities: list[int],
+    segments: int,
+    bits: int,
+    min_features: int,
+    sample: int,
+    weight: Callable[[int], float] = lambda h: 1.0,
 ) -> list[int]:
     """Per segment: the SimHash of the sampled features routed to it (one Python loop per bit: the oracle).
 
@@ -296,7 +302,7 @@ def brute_segments(
     members = [[h for _, h in features[: sample // segments or None]] for features in routed]
     values = []
     for group in members:
-        votes = [sum(1 if (h >> (63 - i)) & 1 else -1 for h in group) for i in range(bits)]
+        votes = [sum(weight(h) if (h >> (63 - i)) & 1 else -weight(h) for h in group) for i in range(bits)]
         values.append(sum(1 << (bits - 1 - i) for i, vote in enumerate(votes) if vote > 0))
     keyed = [len(group) >= min_features for group in members]
     if not any(keyed):
@@ -310,9 +316,10 @@ def brute_segments(
     st.sampled_from([(128, 8), (256, 8), (1024, 32), (512, 64)]),
     st.integers(1, 3),
     st.sampled_from([0, 1, 3]),
+    st.booleans(),
 )
 def test_segmented_simhash_matches_brute_force(
-    docs: list[list[int]], shape: tuple[int, int], min_features: int, per_segment: int
+    docs: list[list[int]], shape: tuple[int, int], min_features: int, per_segment: int, weighted: bool
 ) -> None:
     from streamdedup.fingerprint import segmented_simhash
 
@@ -324,10 +331,13 @@ def test_segmented_simhash_matches_brute_force(
     hashes = np.array([h for doc in docs for h in doc], dtype=np.uint64)
     offsets = np.cumsum([0] + [len(doc) for doc in docs])
     flat_identities = np.array([i for doc in identities for i in doc], dtype=np.uint64)
-    batch = FeatureBatch(hashes, np.ones(len(hashes)), offsets, hashes[:, None], flat_identities)
+    # Weights other than 1 (a vocabulary, tf) take the weighted sums; each feature's weight follows from its hash.
+    weight = (lambda h: 0.5 + h % 7 / 2) if weighted else (lambda h: 1.0)
+    weights = np.array([weight(h) for doc in docs for h in doc])
+    batch = FeatureBatch(hashes, weights, offsets, hashes[:, None], flat_identities)
     fingerprints = segmented_simhash(batch, width, segments, min_features=min_features, sample=sample)
     for row, doc, doc_identities in zip(fingerprints, docs, identities):
-        expected = brute_segments(doc, doc_identities, segments, bits, min_features, sample)
+        expected = brute_segments(doc, doc_identities, segments, bits, min_features, sample, weight)
         per_word = 64 // bits
         got = [(int(row[g // per_word]) >> (bits * (per_word - 1 - g % per_word))) & ((1 << bits) - 1) for g in range(segments)]
         assert got == expected
