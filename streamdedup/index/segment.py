@@ -1416,6 +1416,8 @@ class SegmentIndex:
             "table_values": _ENTRY_VALUES if self._entry_valued else _FOLD_VALUES,
             "table_layout": self._table_layout,
             "payload_bytes": self.payload_bytes,
+            # How the stored fingerprints and payloads were made (None: not recorded, an older index).
+            "signing": self.signing,
             "max_age": self.max_age,
             "max_entries": self.max_entries,
             # Expiry's clock: the median event time of the latest CLOCK_WINDOW entries (never moving back).

@@ -344,7 +344,7 @@ def test_an_index_refuses_fingerprints_signed_another_way(tmp_path: Path) -> Non
         assert index.signing == "scheme 2, settings a" and len(index) == 1
     # Readers and maintenance that do not sign anything open it as it is.
     with SegmentIndex(tmp_path / "signed", None, None, payload_bytes=None, readonly=True) as reader:
-        assert reader.signing == "scheme 2, settings a"
+        assert reader.signing == reader.stats()["signing"] == "scheme 2, settings a"
     # An index that recorded no signing (older code) cannot tell how its fingerprints were made.
     with SegmentIndex(tmp_path / "older", 64, 3, expected_entries=1000) as index:
         index.add(["k"], np.array([[5]], dtype=np.uint64))
