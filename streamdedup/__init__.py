@@ -15,7 +15,7 @@ from .fingerprint import FingerprintBatch, Fingerprinter, fingerprint_hex, simha
 from .minhash import BottomK  # noqa: E402
 from .normalize import Normalizer  # noqa: E402
 from .settings import ConfigError, Settings, load_settings  # noqa: E402
-from .signature import Signatures, Signer, SignerPool  # noqa: E402
+from .signature import Signatures, Signer, SignerPool, signing_id  # noqa: E402
 
 __version__ = _version("streamdedup")
 
@@ -35,5 +35,6 @@ __all__ = [
     "__version__",
     "fingerprint_hex",
     "load_settings",
+    "signing_id",
     "simhash_from_bits",
 ]

@@ -673,8 +673,9 @@ class FeatureExtractor:
         self, identity: np.ndarray, offsets: np.ndarray, bounds: tuple[np.ndarray, np.ndarray] | None
     ) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The rows of the features wanted (``least`` and ``least_per_route``; None: all of them) from each
-        document's distinct features in identity order, and, where they were cut by ``bounds`` (per document:
-        identity, within route), which documents that left with fewer than wanted (None when nothing was cut)."""
+        document's distinct features in identity order; and, where their occurrences were cut by ``bounds`` (per
+        document: on the identity, within the route), the documents this left with fewer than wanted (None when
+        nothing was cut)."""
         sizes = np.diff(offsets)
         documents = len(sizes)
         owner = np.repeat(np.arange(documents, dtype=np.intp), sizes)
