@@ -37,6 +37,7 @@ __all__ = [
     "FeatureBatch",
     "FeatureExtractor",
     "HashName",
+    "among_first",
     "mix64",
     "route_of",
 ]
@@ -635,10 +636,9 @@ class FeatureExtractor:
             sources = positions[sources]
         digests = self._digests(identity, sources, groups, group_sizes)
         hashes = digests[:, 0] if digests.shape[1] > 1 else digests.reshape(-1)
-        features = FeatureBatch(
+        return FeatureBatch(
             hashes=np.ascontiguousarray(hashes), weights=weights, offsets=offsets, digests=digests, identities=identity
-        )
-        return features, None
+        ), None
 
     def _digests(
         self, identity: np.ndarray, sources: np.ndarray | None, groups: list[_Group], group_sizes: list[int]
@@ -682,7 +682,7 @@ class FeatureExtractor:
         kept = np.zeros(len(identity), dtype=bool)
         short = np.zeros(documents, dtype=bool)
         if self.least:
-            kept |= _among_first(owner, self.least)
+            kept |= among_first(owner, self.least)
             if bounds is not None:
                 # The route bounds keep features of higher identity too: only those under the document's own
                 # bound are surely its least.
@@ -693,7 +693,7 @@ class FeatureExtractor:
             # a prefix of each route, so its first features are its least.
             group = route_of(identity, self.routes)
             group += owner * self.routes
-            kept |= _among_first(group, self.least_per_route)
+            kept |= among_first(group, self.least_per_route)
             if bounds is not None:
                 group_sizes = np.bincount(group, minlength=documents * self.routes).reshape(documents, self.routes)
                 short |= (group_sizes < self.least_per_route).any(axis=1)
@@ -707,7 +707,7 @@ def _bounds(wanted: float, lengths: np.ndarray) -> np.ndarray:
     return (np.minimum(1.0, wanted / np.maximum(lengths, 1)) * float(_IDENTITY_LIMIT)).astype(np.uint64)
 
 
-def _among_first(runs: np.ndarray, count: int) -> np.ndarray:
+def among_first(runs: np.ndarray, count: int) -> np.ndarray:
     """Whether each element of a sorted array is among the first ``count`` of its run of equal values."""
     first = np.ones(len(runs), dtype=bool)
     first[count:] = runs[count:] != runs[:-count]

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from .document import DeadLetter, Document, DocumentDecoder
-from .features import MAX_DOCUMENTS, FeatureBatch, FeatureExtractor, route_of
+from .features import MAX_DOCUMENTS, FeatureBatch, FeatureExtractor, among_first, route_of
 from .normalize import CodePointBatch, Normalizer
 from .settings import FeatureSettings, FingerprintSettings, Settings
 
@@ -203,8 +203,7 @@ def segmented_simhash(
     sizes = np.bincount(group, minlength=cells)
     per_segment = sample // segments
     if per_segment and sizes.max(initial=0) > per_segment:
-        rank = np.arange(len(group)) - (np.cumsum(sizes) - sizes)[group]
-        kept = np.flatnonzero(rank < per_segment)
+        kept = np.flatnonzero(among_first(group, per_segment))
         group, hashes, weights = group[kept], hashes[kept], weights[kept]
         sizes = np.minimum(sizes, per_segment)
     values = np.zeros(cells, dtype=np.uint64)

@@ -30,7 +30,7 @@ __all__ = ["SIGNING_SCHEME", "BatchPairs", "Signatures", "Signer", "SignerPool",
 _T = TypeVar("_T")
 
 SIGNING_SCHEME = 2
-"""Raised whenever the same settings give other fingerprints or sketches than before (2: each segment samples its
+"""Incremented whenever the same settings give other fingerprints or sketches than before (2: each segment samples its
 own features, and a feature's segment is its identity's range), so that an index built by older code refuses
 to be searched with the new ones."""
 
