@@ -9,7 +9,7 @@ from ..settings import Settings
 
 __all__ = ["BENCHMARKS", "run_bench"]
 
-BENCHMARKS = ("fingerprint", "index", "kafka", "quality")
+BENCHMARKS = ("fingerprint", "index", "kafka", "quality")  # what `bench all` runs; growth takes minutes: run it by name
 # The bench extra: the peers and what the benches measure the host with (pyproject.toml).
 _BENCH_EXTRA = frozenset({"simhash", "datasketch", "faiss", "psutil"})
 
