@@ -157,7 +157,10 @@ class Deduplicator:
         self._max_age = settings.index.max_age_seconds
         self._verify = policy.verify
         self._min_jaccard = policy.min_jaccard
+        self._max_candidates = policy.max_candidates
         self.last_timings = BatchTimings()
+        # Per document of the last batch: the stored and in-batch documents its sketch was compared with.
+        self.last_candidates = np.zeros(0, dtype=np.int64)
 
     def decide(
         self,
@@ -227,7 +230,8 @@ class Deduplicator:
         ids = [doc.id for doc in docs]
         fingerprinted = time.perf_counter()
 
-        stored = self._stored_matches(ids, fps, times, sketches, indexable, keys)
+        stored, stored_candidates = self._stored_matches(ids, fps, times, sketches, indexable, keys)
+        self.last_candidates = stored_candidates + np.bincount(pairs.later, minlength=len(docs))
         matches = dict(stored)
         self._resolve_within_batch(ids, times, pairs, matches)
         if pairs.copies is not None and self._kept_later_copy(indexable, pairs.copies, matches):
@@ -307,15 +311,18 @@ class Deduplicator:
         sketches: np.ndarray,
         indexable: np.ndarray,
         keys: TableKeys,
-    ) -> dict[int, tuple[str, int, float]]:
-        """Best accepted stored match per row: nearest, then most overlapping, then earliest stored."""
+    ) -> tuple[dict[int, tuple[str, int, float]], np.ndarray]:
+        """Best accepted stored match per row: nearest, then most overlapping, then earliest stored; and how
+        many stored candidates each row was compared with."""
         rows = np.flatnonzero(indexable)
+        none = np.zeros(len(ids), dtype=np.int64)
         if not len(rows) or not len(self.index):
-            return {}
-        found, records = self.index.search_entries(fps[rows], keys=keys.subset(rows))
+            return {}, none
+        found, records = self.index.search_entries(fps[rows], keys=keys.subset(rows), max_candidates=self._max_candidates)
         if not len(found):
-            return {}
+            return {}, none
         query = rows[found.rows]
+        candidates = np.bincount(query, minlength=len(ids))
         stored_sketches = records.payloads.view(np.uint64)
         jaccard = self.sketcher.jaccard(sketches[query], stored_sketches)
         order = self._ranked(query, found.entries, found.distances, jaccard, records.times, times[query])
@@ -323,9 +330,8 @@ class Deduplicator:
         replayed = np.fromiter((records.ids[i] == ids[query[i]] for i in order.tolist()), dtype=bool, count=len(order))
         order = order[~replayed]
         first = order[np.unique(query[order], return_index=True)[1]]
-        return {
-            int(query[i]): (records.ids[i], int(found.distances[i]), float(jaccard[i])) for i in first.tolist()
-        }
+        matches = {int(query[i]): (records.ids[i], int(found.distances[i]), float(jaccard[i])) for i in first.tolist()}
+        return matches, candidates
 
     @staticmethod
     def _kept_later_copy(indexable: np.ndarray, copies: np.ndarray, matches: dict[int, tuple[str, int, float]]) -> bool:

@@ -59,6 +59,7 @@ def open_index(settings: Settings, path: Path, *, durable: bool = True) -> Segme
         path=path,
         segments=settings.fingerprint.segments,
         signing=signing_id(settings.fingerprint, settings.dedup),
+        key_capacity=settings.dedup.key_capacity,
     )
 
 

@@ -113,6 +113,8 @@ class Signer:
 
     def __init__(self, fingerprint: FingerprintSettings, policy: DedupSettings, plan: IndexPlan | None = None) -> None:
         self.plan = plan
+        self._key_capacity = policy.key_capacity
+        self._max_candidates = policy.max_candidates
         # A sketch of the fingerprint's own features reads each document's sketch_size first ones.
         keep = policy.sketch_size if policy.sketch_features is None else 0
         self.fingerprinter = Fingerprinter.from_settings(fingerprint, keep_features=keep)
@@ -140,7 +142,12 @@ class Signer:
         fps = signatures.fingerprints
         keys = table_keys(self.plan, fps)
         copies = None if every_pair else first_copies(fps, signatures.sketches)
-        earlier, later, distances = keys.pairs(fps, None if copies is None else copies == np.arange(len(copies)))
+        earlier, later, distances = keys.pairs(
+            fps,
+            None if copies is None else copies == np.arange(len(copies)),
+            key_capacity=self._key_capacity,
+            max_candidates=self._max_candidates,
+        )
         indexable = signatures.indexable
         usable = indexable[earlier] & indexable[later]
         earlier, later, distances = earlier[usable], later[usable], distances[usable]

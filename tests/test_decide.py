@@ -206,8 +206,9 @@ def test_a_storm_of_copies_pairs_each_copy_with_the_first_only_and_decides_as_wi
     full, full_pairs = _decide_with_pairs(settings, tmp_path / "full", batches, every_pair=True)
     assert reduced == full
     assert sum(not novel for novel, _ in full) > 1000
-    # Three signatures, 300 copies: each copy pairs with the first of each signature before it, not every copy.
-    assert max(reduced_pairs) < 900 < 20_000 < min(full_pairs)
+    # Three signatures, 300 copies: each copy pairs with the first of each signature before it, not every copy;
+    # with every pair, each copy still pairs with at most max_candidates earlier copies.
+    assert max(reduced_pairs) < 900 < min(full_pairs) <= max(full_pairs) <= 300 * settings.dedup.max_candidates
 
 
 def test_a_later_copy_kept_by_the_stored_entries_expiry_brings_every_pair(settings: Settings, tmp_path: Path) -> None:
@@ -219,3 +220,63 @@ def test_a_later_copy_kept_by_the_stored_entries_expiry_brings_every_pair(settin
         verdicts, pairs = _decide_with_pairs(settings, tmp_path / f"every-{every_pair}", [docs([BASE]), batch], every_pair)
         assert verdicts == [(True, None), (False, "d0"), (True, None), (False, "d2")]
         assert pairs[1] == (3 if every_pair else 2)
+
+
+def _template_stream(rng: random.Random, count: int, copies: int) -> tuple[list[str], dict[int, int]]:
+    """Texts of one template ("<name> is a Python library for <topic>"), with `copies` of earlier ones (as
+    they were, or with a word added) placed later in the stream; returns the texts and copy -> original."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    topics = ["parsing", "plotting", "testing", "caching", "logging", "the web", "numerics", "databases", "images"]
+
+    def word() -> str:
+        return "".join(rng.choice(letters) for _ in range(rng.randint(6, 11)))
+
+    texts = [f"{word()} is a Python library for {rng.choice(topics)} and {word()} {word()}" for _ in range(count)]
+    originals = rng.sample(range(count // 2), copies)
+    copy_of = {}
+    for original in originals:
+        at = rng.randint(original + 1, len(texts))
+        edited = texts[original] if rng.random() < 0.5 else texts[original] + " (fast)"
+        texts.insert(at, edited)
+        copy_of = {c + (c >= at): o + (o >= at) for c, o in copy_of.items()}
+        copy_of[at] = original + (original >= at)
+    return texts, copy_of
+
+
+@pytest.mark.parametrize("stream", ["template", "boilerplate"])
+def test_hot_keys_leave_candidates_per_document_bounded_and_copies_caught(
+    settings: Settings, tmp_path: Path, stream: str
+) -> None:
+    rng = random.Random(17)
+    if stream == "template":
+        texts, copy_of = _template_stream(rng, 3000, 40)
+    else:
+        # One boilerplate sentence and one distinct word: near copies of each other, and copies of them.
+        boilerplate = "please read the terms of service and the privacy notice carefully before you continue"
+        texts = [f"{boilerplate} {rng.randrange(10**9):09d}" for _ in range(3000)]
+        copy_of = {}
+    unbounded = settings.model_copy(
+        update={"dedup": settings.dedup.model_copy(update={"key_capacity": None, "max_candidates": None})}
+    )
+    most = {}
+    verdicts = {}
+    for name, chosen in (("bounded", settings), ("unbounded", unbounded)):
+        with open_index(chosen, tmp_path / name) as index:
+            dedup = Deduplicator(chosen, index)
+            verdicts[name] = []
+            most[name] = 0
+            for start in range(0, len(texts), 500):
+                verdicts[name] += dedup.decide(docs(texts[start : start + 500], start))
+                most[name] = max(most[name], int(dedup.last_candidates.max()))
+    bound = 2 * settings.dedup.max_candidates
+    # Without the bounds a hot key's documents are all candidates; with them, at most the bound.
+    assert most["bounded"] <= bound < most["unbounded"]
+    bounded = verdicts["bounded"]
+    assert all(not bounded[copy].novel for copy in copy_of)
+    if stream == "template":
+        # The template's own texts differ in three words of about eleven: they stay novel, bounded or not.
+        kept = [v.novel for v in bounded]
+        assert sum(kept) == len(texts) - len(copy_of)
+        assert kept == [v.novel for v in verdicts["unbounded"]]
+    else:
+        assert sum(v.novel for v in bounded) < 20

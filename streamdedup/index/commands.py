@@ -102,6 +102,7 @@ def _import(path: Path, settings: Settings, records: Iterable[dict[str, Any]]) -
         path=path,
         segments=settings.fingerprint.segments,
         signing=signing_id(settings.fingerprint, settings.dedup),
+        key_capacity=settings.dedup.key_capacity,
     ) as index:
         for chunk in chain([first], batches):
             index.add(

@@ -12,7 +12,7 @@ import numpy as np
 
 from .plan import IndexPlan, fold, gather_bits, unpack_bits
 
-__all__ = ["TableKeys", "first_copies", "table_keys", "table_rows"]
+__all__ = ["TableKeys", "first_copies", "most_shared", "table_keys", "table_rows"]
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,18 @@ class TableKeys:
         return TableKeys(self.plan, mapped[kept].reshape(shape), keys, values, _runs(keys), self.folds[rows])
 
     def pairs(
-        self, fps: np.ndarray, earlier_rows: np.ndarray | None = None
+        self,
+        fps: np.ndarray,
+        earlier_rows: np.ndarray | None = None,
+        *,
+        key_capacity: int | None = None,
+        max_candidates: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All (earlier, later, distance) row pairs within the plan's radius that share a key in some table
         (the same guarantee as the stored tables), sorted by (earlier, later); only those whose earlier row is
-        one of ``earlier_rows`` (a mask over the rows) when given."""
+        one of ``earlier_rows`` (a mask over the rows) when given. As the stored tables bound what a lookup
+        finds: only the first ``key_capacity`` rows of a key's run are earlier sides through it, and each later
+        row keeps its ``max_candidates`` earlier rows that share the most tables with it."""
         n = len(self)
         none = np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
         rows = self.rows.ravel()
@@ -77,6 +84,10 @@ class TableKeys:
             later_count[self.keys.ravel() == 0] = 0
         if earlier_rows is not None:
             later_count[~earlier_rows[rows]] = 0
+        if key_capacity is not None:
+            run_start = np.flatnonzero(self.runs.ravel())
+            rank = positions - run_start[np.cumsum(self.runs.ravel()) - 1]
+            later_count[rank >= key_capacity] = 0
         total = int(later_count.sum())
         if not total:
             return none
@@ -84,11 +95,29 @@ class TableKeys:
         step = np.arange(total) - np.repeat(np.cumsum(later_count) - later_count, later_count) + 1
         a, b = rows[first], rows[first + step]
         # A pair found through several tables counts once: (earlier, later) packed in one word, one sort.
-        pairs = np.unique(np.minimum(a, b).astype(np.uint64) * np.uint64(n) + np.maximum(a, b).astype(np.uint64))
-        earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
+        packed = np.minimum(a, b).astype(np.uint64) * np.uint64(n) + np.maximum(a, b).astype(np.uint64)
+        if max_candidates is None:
+            pairs = np.unique(packed)
+            earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
+        else:
+            pairs, shared = np.unique(packed, return_counts=True)
+            earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
+            best = most_shared(later, earlier, shared, max_candidates)
+            earlier, later = earlier[best], later[best]
         distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
         near = distances <= self.plan.radius
         return earlier[near], later[near], distances[near]
+
+
+def most_shared(rows: np.ndarray, named: np.ndarray, shared: np.ndarray, limit: int) -> np.ndarray:
+    """Indices (ascending) of each row's ``limit`` candidates ``named`` that ``shared`` the most tables with it,
+    the highest name (the newest entry, the latest batch row) first among equals: a near-copy shares most of
+    its segments, a text that only shares a template's few."""
+    order = np.lexsort((~named.astype(np.uint64), -shared, rows))
+    grouped = rows[order]
+    starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.append(starts, len(order))))
+    return np.sort(order[rank < limit])
 
 
 def first_copies(fps: np.ndarray, *alike: np.ndarray) -> np.ndarray:

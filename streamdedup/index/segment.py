@@ -61,7 +61,7 @@ import numpy as np
 from .. import names
 from ..settings import IndexSettings
 from .key_filter import KeyFilter
-from .keys import TableKeys, first_copies, table_keys, table_rows
+from .keys import TableKeys, first_copies, most_shared, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
 from .mirror import TableMirror
 from .sorted_rows import SortedRows, expand_ranges
@@ -228,8 +228,10 @@ class SegmentIndex:
         readonly: bool = False,
         mirror_bytes: int = 256 << 20,
         signing: str | None = None,
+        key_capacity: int | None = None,
     ) -> None:
         self.path = Path(path)
+        self.key_capacity = key_capacity
         self.sync = sync
         self._closed = False
         self.max_age = max_age
@@ -267,7 +269,7 @@ class SegmentIndex:
     @classmethod
     def from_settings(
         cls, settings: IndexSettings, *, bits: int | None, payload_bytes: int | None, path: str | os.PathLike[str] | None = None,
-        readonly: bool = False, segments: int = 1, signing: str | None = None,
+        readonly: bool = False, segments: int = 1, signing: str | None = None, key_capacity: int | None = None,
     ) -> SegmentIndex:
         """The index an ``index:`` config section describes (at ``settings.path`` unless ``path`` is given);
         ``segments`` > 1 (a segmented fingerprint) takes one table per segment. ``signing`` names how fingerprints
@@ -293,6 +295,7 @@ class SegmentIndex:
             readonly=readonly,
             mirror_bytes=settings.mirror_bytes,
             signing=signing,
+            key_capacity=key_capacity,
         )
 
     # ----------------------------------------------------------------- opening
@@ -649,7 +652,12 @@ class SegmentIndex:
     # ----------------------------------------------------------------- lookup
 
     def _search(
-        self, txn: Any, fps: np.ndarray, min_time: float | None, keys: TableKeys | None = None
+        self,
+        txn: Any,
+        fps: np.ndarray,
+        min_time: float | None,
+        keys: TableKeys | None = None,
+        max_candidates: int | None = None,
     ) -> tuple[SearchResult, EntryRecords | None]:
         n = len(fps)
         empty = SearchResult(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
@@ -714,7 +722,11 @@ class SegmentIndex:
         order = np.lexsort((named, qi))
         qi, named = qi[order], named[order]
         first = np.concatenate([[True], (qi[1:] != qi[:-1]) | (named[1:] != named[:-1])])
+        shared = np.diff(np.append(np.flatnonzero(first), len(first)))
         qi, named = qi[first].astype(np.int64), named[first]
+        if max_candidates is not None and self._entry_valued:
+            best = most_shared(qi, named, shared, max_candidates)
+            qi, named = qi[best], named[best]
         if self._entry_valued:
             rows_q, seqs = qi, named
         else:
@@ -842,21 +854,35 @@ class SegmentIndex:
         with txn.cursor(self._topics) as cursor:
             return {int.from_bytes(v, "big"): k.decode() for k, v in cursor}
 
-    def search(self, fps: np.ndarray, *, min_time: float | None = None, keys: TableKeys | None = None) -> SearchResult:
+    def search(
+        self,
+        fps: np.ndarray,
+        *,
+        min_time: float | None = None,
+        keys: TableKeys | None = None,
+        max_candidates: int | None = None,
+    ) -> SearchResult:
         """All stored entries within the radius of each query, as flat arrays (see SearchResult). ``keys``: the
-        queries' table keys, when already computed (``table_keys(index.plan, fps)``)."""
+        queries' table keys, when already computed (``table_keys(index.plan, fps)``). ``max_candidates``: on an
+        entry-valued index, each query's that many entries found through the most tables (the newest among
+        equals), so a query sharing hot keys with thousands of entries still reads a bounded number of them."""
         fps = self._check_fps(fps)
         with self._read() as txn:
-            return self._search(txn, fps, min_time, keys)[0]
+            return self._search(txn, fps, min_time, keys, max_candidates)[0]
 
     def search_entries(
-        self, fps: np.ndarray, *, min_time: float | None = None, keys: TableKeys | None = None
+        self,
+        fps: np.ndarray,
+        *,
+        min_time: float | None = None,
+        keys: TableKeys | None = None,
+        max_candidates: int | None = None,
     ) -> tuple[SearchResult, EntryRecords]:
         """``search`` plus the matched entries' records, row for row, from one read transaction (the lookup
         reads them anyway on wide fingerprints)."""
         fps = self._check_fps(fps)
         with self._read() as txn:
-            result, records = self._search(txn, fps, min_time, keys)
+            result, records = self._search(txn, fps, min_time, keys, max_candidates)
             if records is None:
                 records = self._records(txn, result.entries)
         return result, _reorder(records, np.searchsorted(records.entries, result.entries))
@@ -1076,6 +1102,8 @@ class SegmentIndex:
             if batch_keys.unkeyed_zero:
                 wanted = keys != 0
                 keys, values = keys[wanted], values[wanted]
+            if self.key_capacity is not None:
+                keys, values = self._within_capacity(txn, table, keys, values)
             if table == merged and self._tables[table].merge_due(txn, len(self._staged(txn)[table]) + len(keys)):
                 self._merge_staged(txn, table, keys, values)
             else:
@@ -1096,6 +1124,35 @@ class SegmentIndex:
             txn.put(key, np.stack([starts, stops], axis=1).astype(_U64).tobytes(), db=self._times)
         txn.put(_META_NEXT_SEQ, int(first_seq + n).to_bytes(8, "big"), db=self._meta)
         txn.put(_META_COUNT, (self._counter(txn, _META_COUNT) + n).to_bytes(8, "big"), db=self._meta)
+
+    def _within_capacity(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows (``keys`` ascending, each key's rows in stream order) whose key still has room: the first of
+        them up to ``key_capacity`` rows of that key, counting those stored or staged (a removed entry's row
+        counts until its table's sweep). A hot key keeps its first documents and takes no more."""
+        if not len(keys):
+            return keys, values
+        starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+        sizes = np.diff(np.append(starts, len(keys)))
+        held = self._rows_held(txn, table, keys[starts])
+        rank = np.arange(len(keys)) - np.repeat(starts, sizes)
+        room = rank + np.repeat(held, sizes) < self.key_capacity
+        return keys[room], values[room]
+
+    def _rows_held(self, txn: Any, table: int, unique_keys: np.ndarray) -> np.ndarray:
+        """Rows each of these keys (ascending, distinct) holds in ``table``, merged and staged."""
+        mirror = self._table_mirror(txn)
+        mirrored = mirror.tables[table] if mirror is not None else None
+        if mirrored is not None:
+            low, high = mirrored.bounds(unique_keys)
+            held = high - low
+        else:
+            owners, _ = self._tables[table].read(txn, unique_keys)
+            held = np.bincount(owners, minlength=len(unique_keys))
+        staged = self._staged(txn)[table]
+        if len(staged):
+            low, high = staged.bounds(unique_keys)
+            held = held + (high - low)
+        return held
 
     @staticmethod
     def _origin_keys(head: np.ndarray) -> list[bytes]:

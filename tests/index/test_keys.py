@@ -75,6 +75,36 @@ def test_pairs_are_the_rows_within_the_radius_that_share_a_key(name: str) -> Non
     assert some_distances.tolist() == distance[some_earlier, some_later].tolist()
 
 
+@pytest.mark.parametrize(("capacity", "limit"), [(1, 1), (2, 5), (4, 3), (400, 2)])
+def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(capacity: int, limit: int) -> None:
+    # Brute force: a row is an earlier side through a table when it is among the first `capacity` rows of its
+    # key there; each later row keeps the `limit` earlier rows sharing the most such tables, the latest first.
+    plan = PLANS["segments-512"]
+    rng = np.random.default_rng(13)
+    fps = _fingerprints(plan, 300, rng)
+    # Hot keys: many rows share a few segment values.
+    fps[rng.random(len(fps)) < 0.5, 0] = fps[0, 0]
+    keys = table_keys(plan, fps)
+    earlier, later, _ = keys.pairs(fps, key_capacity=capacity, max_candidates=limit)
+    unsorted_keys = np.empty_like(keys.keys)
+    np.put_along_axis(unsorted_keys, keys.rows, keys.keys, axis=1)
+    serves = np.zeros(unsorted_keys.shape, dtype=bool)
+    for table, table_keys_row in enumerate(unsorted_keys):
+        for key in np.unique(table_keys_row[table_keys_row != 0]):
+            serves[table, np.flatnonzero(table_keys_row == key)[:capacity]] = True
+    shared = ((unsorted_keys[:, :, None] == unsorted_keys[:, None, :]) & serves[:, :, None]).sum(axis=0)
+    shared = np.triu(shared, k=1)
+    expected = set()
+    for row in range(len(fps)):
+        sources = np.flatnonzero(shared[:, row])
+        ranked = sorted(sources.tolist(), key=lambda source: (-shared[source, row], -source))[:limit]
+        expected.update((source, row) for source in ranked)
+    assert len(expected) > 100
+    assert set(zip(earlier.tolist(), later.tolist())) == expected
+    assert np.bincount(later, minlength=len(fps)).max() <= limit
+    assert np.array_equal(np.lexsort((later, earlier)), np.arange(len(earlier)))
+
+
 def test_the_index_refuses_keys_of_another_plan(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     fps = _fingerprints(PLANS["exact-64"], 50, rng)

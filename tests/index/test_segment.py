@@ -939,3 +939,60 @@ def test_the_writers_copy_is_not_used_after_another_process_writes_or_a_batch_fa
         assert index.query(failed) == [[]] * 10
         assert index.query(next_batch) == [[(f"next-{i}", 0)] for i in range(10)]
         assert sum(rows is not None for rows in index._mirror.tables) >= 1
+
+
+def _hot_stream(rng: np.random.Generator, n: int, segments: int, size: int) -> np.ndarray:
+    """Segmented fingerprints as templates make them: each segment takes one of a few hot values, a rarer
+    value, or zero (unkeyed), so some keys are shared by most entries and others by a few."""
+    hot = rng.integers(1, 1 << size, size=(segments, 3), dtype=np.uint64)
+    draw = rng.random((n, segments))
+    seg = np.where(draw < 0.6, hot[np.arange(segments), rng.integers(0, 3, (n, segments))], 0)
+    rare = rng.integers(1, 1 << size, size=(n, segments), dtype=np.uint64)
+    seg = np.where((draw >= 0.6) & (draw < 0.9), rare % np.uint64(50) + np.uint64(1), seg).astype(np.uint64)
+    per_word = 64 // size
+    shifts = np.arange(per_word - 1, -1, -1, dtype=np.uint64) * np.uint64(size)
+    return np.bitwise_or.reduce(seg.reshape(n, segments // per_word, per_word) << shifts, axis=2)
+
+
+@pytest.mark.parametrize("mirror_bytes", [256 << 20, 0])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), capacity=st.integers(1, 6), limit=st.integers(1, 12))
+def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifies_the_most_shared(
+    mirror_bytes: int, seed: int, capacity: int, limit: int
+) -> None:
+    # Brute force over the stream: an entry is posted under a key while fewer than `capacity` earlier entries
+    # are; a query's candidates are the posted entries sharing a key with it, those sharing the most tables
+    # first, the newest among equals, at most `limit`.
+    from streamdedup.index.plan import make_segment_plan
+
+    rng = np.random.default_rng(seed)
+    bits, segments, size = 256, 8, 32
+    plan = make_segment_plan(bits, segments)
+    batches = [_hot_stream(rng, int(rng.integers(1, 60)), segments, size) for _ in range(12)]
+    stored = np.concatenate(batches)
+    seg = _segments(stored, size)
+    posted = np.zeros(seg.shape, dtype=bool)
+    for table in range(segments):
+        for key in np.unique(seg[:, table]):
+            if key:
+                posted[np.flatnonzero(seg[:, table] == key)[:capacity], table] = True
+    with tempfile.TemporaryDirectory() as tmp:
+        index = SegmentIndex(tmp, bits, bits, plan=plan, mirror_bytes=mirror_bytes, key_capacity=capacity)
+        with index:
+            start = 0
+            for batch in batches:
+                index.add([f"e{i}" for i in range(start, start + len(batch))], batch)
+                start += len(batch)
+            # Every table holds exactly the posted rows.
+            live, rows = _entry_rows(index, segments)
+            for table in range(segments):
+                assert sorted(rows[table].tolist()) == np.flatnonzero(posted[:, table]).tolist()
+            queries = np.concatenate([stored[rng.integers(0, len(stored), 30)], _hot_stream(rng, 30, segments, size)])
+            found = index.search(queries, max_candidates=limit)
+        qs = _segments(queries, size)
+        shared = ((qs[:, None, :] == seg[None, :, :]) & (qs[:, None, :] != 0) & posted[None, :, :]).sum(axis=2)
+        for row in range(len(queries)):
+            sharing = np.flatnonzero(shared[row])
+            expected = sorted(sharing.tolist(), key=lambda entry: (-shared[row, entry], -entry))[:limit]
+            assert sorted(found.entries[found.rows == row].tolist()) == sorted(expected)
+        assert np.bincount(found.rows, minlength=len(queries)).max() <= limit
