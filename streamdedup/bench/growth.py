@@ -24,6 +24,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -93,11 +94,13 @@ def main(options: list[str], settings: Settings) -> int:
         started = time.perf_counter()
         found = build_corpus(args.corpus, Roots(), seed=args.seed)
         print(f"  {sum(found.values()):,} documents in {time.perf_counter() - started:.0f} s", flush=True)
-    lines, counts, total = read_corpus(args.corpus, args.documents)
+    lines, counts, everything = read_corpus(args.corpus, args.documents)
+    total = sum(everything.values())
     print(f"corpus {args.corpus}: {total:,} documents; running the first {len(lines):,}")
     if len(lines) < args.documents:
         print(f"  fewer than the {args.documents:,} asked for: this machine's packages hold no more (nothing repeated)")
-    print("  per source: " + ", ".join(f"{source} {counts[source]:,}" for source in SOURCES if counts[source]))
+    print("  in the corpus: " + _per_source(everything))
+    print("  in this run:   " + _per_source(counts))
     print(
         f"offline mode: batches of {settings.dedup.batch_size:,}, {settings.dedup.workers} signing workers, "
         f"{settings.fingerprint.width}-bit fingerprints in {settings.fingerprint.segments} segments, "
@@ -110,7 +113,8 @@ def main(options: list[str], settings: Settings) -> int:
 
     ratio = windows[-1].docs_per_second / windows[0].docs_per_second if windows else float("nan")
     print(f"last window / first window documents/s: {ratio:.2f} (goal >= {GOAL})")
-    _chart(windows, args.chart, title=f"bench growth: {len(lines):,} documents of natural text, default settings")
+    title = f"bench growth: {len(lines):,} documents of natural text; last / first window documents/s {ratio:.2f} (goal >= {GOAL})"
+    _chart(windows, args.chart, title=title)
     print(f"chart: {args.chart}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -119,6 +123,7 @@ def main(options: list[str], settings: Settings) -> int:
             "corpus_documents": total,
             "documents": len(lines),
             "per_source": {source: counts[source] for source in SOURCES},
+            "corpus_per_source": {source: everything[source] for source in SOURCES},
             "window": args.window,
             "windows": [w.as_dict() for w in windows],
             "ratio_last_first": ratio,
@@ -126,6 +131,10 @@ def main(options: list[str], settings: Settings) -> int:
         }
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
+
+
+def _per_source(counts: Counter[str]) -> str:
+    return ", ".join(f"{source} {counts[source]:,}" for source in SOURCES if counts[source])
 
 
 def run_growth(
@@ -259,7 +268,7 @@ def _chart(windows: Sequence[Window], path: Path, *, title: str) -> None:
         compared.plot(entries, [w.candidates_p50 for w in windows], marker="o", label="p50")
         compared.plot(entries, [w.candidates_p99 for w in windows], marker="s", label="p99")
         compared.set_ylim(bottom=0)
-        compared.legend(loc="upper left")
+        compared.legend(loc="lower right")
     else:
         compared.text(0.5, 0.5, "not reported by this decision core", ha="center", va="center", transform=compared.transAxes)
     compared.set_ylabel("candidates per document")

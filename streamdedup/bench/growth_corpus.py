@@ -372,18 +372,19 @@ def build_corpus(path: Path, roots: Roots, *, seed: int = 0) -> Counter[str]:
     return Counter({source: len(per_source[source]) for source in SOURCES})
 
 
-def read_corpus(path: Path, documents: int) -> tuple[list[bytes], Counter[str], int]:
-    """The first ``documents`` JSONL lines of the corpus at ``path``, their count per source, and how many
-    documents the file holds in all."""
+def read_corpus(path: Path, documents: int) -> tuple[list[bytes], Counter[str], Counter[str]]:
+    """The first ``documents`` JSONL lines of the corpus at ``path``, their count per source, and the count per
+    source of the whole file."""
     lines: list[bytes] = []
     counts: Counter[str] = Counter()
-    total = 0
+    everything: Counter[str] = Counter()
     with path.open("rb") as source:
         for line in source:
             if not line.strip():
                 continue
-            total += 1
+            origin = orjson.loads(line)["id"].rpartition("-")[0]
+            everything[origin] += 1
             if len(lines) < documents:
                 lines.append(line)
-                counts[orjson.loads(line)["id"].rpartition("-")[0]] += 1
-    return lines, counts, total
+                counts[origin] += 1
+    return lines, counts, everything

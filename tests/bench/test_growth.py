@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -191,8 +192,9 @@ def test_the_corpus_holds_every_document_of_every_source_once_interleaved(tmp_pa
     build_corpus(path, roots, seed=0)
     assert path.read_bytes() == first
 
-    lines, head_counts, total = read_corpus(path, 10)
-    assert total == 21 and len(lines) == 10 and sum(head_counts.values()) == 10
+    lines, head_counts, everything = read_corpus(path, 10)
+    assert everything == counts and len(lines) == 10 and sum(head_counts.values()) == 10
+    assert head_counts == Counter(orjson.loads(line)["id"].split("-")[0] for line in lines)
     assert lines == first.splitlines(keepends=True)[:10]
 
 
@@ -221,7 +223,7 @@ def test_the_growth_run_reports_each_window_and_draws_the_chart(tmp_path: Path, 
     header = next(line for line in out.splitlines() if line.lstrip().startswith("window"))
     rows = out.splitlines()[out.splitlines().index(header) + 1 :][:3]
     assert [row.split()[0] for row in rows] == ["1", "2", "3"]
-    assert "corpus " in out and "per source: man 3,000" in out
+    assert "in the corpus: man 3,000" in out and "in this run:   man 3,000" in out
     assert "last window / first window documents/s:" in out and "(goal >= 0.8)" in out
 
     report = json.loads(figures.read_text())
