@@ -20,6 +20,7 @@ import numpy as np
 
 from .document import Document
 from .index import STORAGE_ERRORS, SegmentIndex, TableKeys
+from .minhash import SKETCH_DTYPE
 from .settings import Settings
 from .signature import BatchPairs, Signatures, Signer
 
@@ -249,7 +250,7 @@ class Deduplicator:
             [ids[row] for row in keep],
             fps[keep],
             times=times[keep],
-            payloads=np.ascontiguousarray(sketches[keep]).view(np.uint8).reshape(len(keep), sketches.shape[1] * 8),
+            payloads=np.ascontiguousarray(sketches[keep]).view(np.uint8).reshape(len(keep), sketches.shape[1] * sketches.itemsize),
             origins=[docs[row].origin for row in keep],
             source_offsets=source_offsets,
             keys=keys.subset(keep),
@@ -323,7 +324,7 @@ class Deduplicator:
             return {}, none
         query = rows[found.rows]
         candidates = np.bincount(query, minlength=len(ids))
-        stored_sketches = records.payloads.view(np.uint64)
+        stored_sketches = records.payloads.view(SKETCH_DTYPE)
         jaccard = self.sketcher.jaccard(sketches[query], stored_sketches)
         order = self._ranked(query, found.entries, found.distances, jaccard, records.times, times[query])
         # A replayed document is not its own duplicate.

@@ -1,8 +1,11 @@
 """Bottom-k MinHash, as in "Simhashing (hopefully) made simple": one hash function, the k least values.
 
-The sketch of a document is the k smallest 44-bit hashes of its distinct features, ascending: by default
-the features' own identity hashes (seeded by the extractor, and already sorted per document, so a sketch
-costs no sort), or with a ``seed`` those re-mixed into another hash function. Two sets
+The sketch of a document is the k smallest 31-bit hashes of its distinct features, ascending: by default
+the top 31 bits of the features' own 44-bit identity hashes (seeded by the extractor, and already sorted per
+document, so a sketch costs no sort), or with a ``seed`` those re-mixed into another hash function. 31 bits
+keep the order of the values and, like b-bit minwise hashing, almost every distinction between them, in
+4 bytes a value: the index stores half of what 64-bit values take, and the estimate compares half as many
+bytes. Features whose values coincide in those bits count as one. Two sets
 share their minimum with probability equal to their Jaccard index, and the k least values of one hash
 function make a cluster key that needs k shared members to match and changes rarely as members come and
 go. The Jaccard estimate between two sketches is the standard bottom-k one: among the k smallest distinct
@@ -15,14 +18,17 @@ import numpy as np
 
 from .features import IDENTITY_BITS, MAX_DOCUMENTS, FeatureBatch, mix64
 
-__all__ = ["EMPTY_SLOT", "BottomK"]
+__all__ = ["EMPTY_SLOT", "SKETCH_BITS", "SKETCH_DTYPE", "BottomK"]
 
-EMPTY_SLOT = np.uint64(2**64 - 1)
-"""Pads a sketch whose document has fewer than k distinct features; never a real sketch value."""
+SKETCH_BITS = 31
+SKETCH_DTYPE = np.dtype(np.uint32)
+EMPTY_SLOT = np.uint32(2**32 - 1)
+"""Pads a sketch whose document has fewer than k distinct values; never a real sketch value."""
 
-_VALUE_BITS = np.uint64(IDENTITY_BITS)
-_DOCUMENT_SHIFT = np.uint64(64 - IDENTITY_BITS)
-_VALUE_MASK = np.uint64((1 << IDENTITY_BITS) - 1)
+_VALUE_BITS = np.uint64(SKETCH_BITS)
+_IDENTITY_SHIFT = np.uint64(IDENTITY_BITS - SKETCH_BITS)
+_MIXED_SHIFT = np.uint64(64 - SKETCH_BITS)
+_VALUE_MASK = np.uint64((1 << SKETCH_BITS) - 1)
 
 
 class BottomK:
@@ -34,30 +40,29 @@ class BottomK:
         if seed is not None and not 0 <= seed < 2**64:
             raise ValueError(f"seed must be None or in [0, 2**64), got {seed}")
         self.k = k
-        # Distinct stand-ins for a pair of sketches' padding, above every 44-bit value.
-        self._pad_values = np.uint64(1 << 62) + np.arange(2 * k, dtype=np.uint64)
+        # Distinct stand-ins for a pair of sketches' padding, above every 31-bit value.
+        self._pad_values = (np.uint32(1 << SKETCH_BITS) + np.arange(2 * k, dtype=np.uint32)).astype(SKETCH_DTYPE)
         self.seed = seed
 
     def sketch(self, features: FeatureBatch) -> np.ndarray:
-        """uint64 (documents, k): each row's k least values ascending, padded with :data:`EMPTY_SLOT`."""
+        """uint32 (documents, k): each row's k least values ascending, padded with :data:`EMPTY_SLOT`."""
         documents = len(features)
         if documents > MAX_DOCUMENTS:
             raise ValueError(f"at most {MAX_DOCUMENTS} documents per sketch call, got {documents}")
         if self.seed is None:
-            values, owner = features.identities, features.documents
-            rank = np.arange(len(values)) - np.repeat(features.offsets[:-1], features.counts)
+            # Identities ascend within each document: (document, value) keys are sorted as they come.
+            keys = (features.documents.astype(np.uint64) << _VALUE_BITS) | (features.identities >> _IDENTITY_SHIFT)
         else:
-            # Re-mixing with the seed makes this hash function independent of the feature hash. Values keep
-            # 44 bits so that (document, value) fits one uint64 key and one plain sort orders the batch.
-            mixed = mix64(features.hashes ^ np.uint64(self.seed)) >> _DOCUMENT_SHIFT
+            # Re-mixing with the seed makes this hash function independent of the feature hash.
+            mixed = mix64(features.hashes ^ np.uint64(self.seed)) >> _MIXED_SHIFT
             keys = np.sort((features.documents.astype(np.uint64) << _VALUE_BITS) | mixed)
-            distinct = np.ones(len(keys), dtype=bool)
-            distinct[1:] = keys[1:] != keys[:-1]
-            keys = keys[distinct]
-            values, owner = keys & _VALUE_MASK, (keys >> _VALUE_BITS).astype(np.int64)
-            rank = np.arange(len(keys)) - np.searchsorted(owner, owner)
+        distinct = np.ones(len(keys), dtype=bool)
+        distinct[1:] = keys[1:] != keys[:-1]
+        keys = keys[distinct]
+        values, owner = keys & _VALUE_MASK, (keys >> _VALUE_BITS).astype(np.int64)
+        rank = np.arange(len(keys)) - np.searchsorted(owner, owner)
         kept = rank < self.k
-        result = np.full((documents, self.k), EMPTY_SLOT, dtype=np.uint64)
+        result = np.full((documents, self.k), EMPTY_SLOT, dtype=SKETCH_DTYPE)
         result[owner[kept], rank[kept]] = values[kept]
         return result
 
@@ -94,7 +99,7 @@ class BottomK:
 
     def cluster_key(self, sketch: np.ndarray) -> bytes | list[bytes]:
         """A stable key-value-store key: the sketch's values as big-endian bytes (one key per row of a 2-D array)."""
-        values = np.asarray(sketch, dtype=np.uint64)
+        values = np.asarray(sketch, dtype=SKETCH_DTYPE)
         if values.ndim == 1:
-            return values.astype(">u8").tobytes()
-        return [row.tobytes() for row in values.astype(">u8")]
+            return values.astype(">u4").tobytes()
+        return [row.tobytes() for row in values.astype(">u4")]

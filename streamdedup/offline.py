@@ -22,6 +22,7 @@ from tqdm import tqdm
 from .decide import Deduplicator, Verdicts
 from .document import DeadLetter, Document, DocumentDecoder
 from .index import IndexPlan, SegmentIndex, planned
+from .minhash import SKETCH_DTYPE
 from .settings import InputSettings, Settings
 from .signature import Signatures, Signer, SignerPool, signing_id
 
@@ -55,7 +56,7 @@ def open_index(settings: Settings, path: Path, *, durable: bool = True) -> Segme
     return SegmentIndex.from_settings(
         index_settings,
         bits=settings.fingerprint.width,
-        payload_bytes=settings.dedup.sketch_size * 8,
+        payload_bytes=settings.dedup.sketch_size * SKETCH_DTYPE.itemsize,
         path=path,
         segments=settings.fingerprint.segments,
         signing=signing_id(settings.fingerprint, settings.dedup),

@@ -29,10 +29,10 @@ __all__ = ["SIGNING_SCHEME", "BatchPairs", "Signatures", "Signer", "SignerPool",
 
 _T = TypeVar("_T")
 
-SIGNING_SCHEME = 2
+SIGNING_SCHEME = 3
 """Incremented whenever the same settings give other fingerprints or sketches than before (2: each segment samples its
-own features, and a feature's segment is its identity's range), so that an index built by older code refuses
-to be searched with the new ones."""
+own features, and a feature's segment is its identity's range; 3: sketches of 31-bit values, 4 bytes each), so that
+an index built by older code refuses to be searched with the new ones."""
 
 SIGNER_NICENESS = 10
 """Signing workers run batches ahead of the decider, which is serial: when both want one core, the decider

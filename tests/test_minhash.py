@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamdedup.features import FeatureBatch, FeatureExtractor, mix64
-from streamdedup.minhash import EMPTY_SLOT, BottomK
+from streamdedup.minhash import EMPTY_SLOT, SKETCH_BITS, BottomK
 from streamdedup.settings import FeatureSettings
 
 SMALL_SETS = st.sets(st.integers(0, 300), max_size=30)
@@ -28,9 +28,9 @@ def identity_of(value: int) -> int:
 
 def brute_force_sketch(values: set[int], k: int, seed: int | None) -> list[int]:
     if seed is None:
-        mixed = np.array([identity_of(value) for value in values], dtype=np.uint64)
+        mixed = np.array([identity_of(value) >> (44 - SKETCH_BITS) for value in values], dtype=np.uint64)
     else:
-        mixed = mix64(np.array(sorted(values), dtype=np.uint64) ^ np.uint64(seed)) >> np.uint64(20)
+        mixed = mix64(np.array(sorted(values), dtype=np.uint64) ^ np.uint64(seed)) >> np.uint64(64 - SKETCH_BITS)
     least = sorted(set(mixed.tolist()))[:k]
     return least + [int(EMPTY_SLOT)] * (k - len(least))
 
@@ -92,10 +92,10 @@ def test_cluster_key_is_stable_and_needs_k_shared_members() -> None:
     members = set(range(100))
     sketches = sketcher.sketch(batch_of([members, members | {10**6}, set(range(50, 150)), {1, 2}]))
     keys = sketcher.cluster_key(sketches)
-    assert isinstance(keys, list) and all(isinstance(key, bytes) and len(key) == 32 for key in keys)
+    assert isinstance(keys, list) and all(isinstance(key, bytes) and len(key) == 16 for key in keys)
     assert keys[0] == sketcher.cluster_key(sketches[0]) == sketcher.cluster_key(BottomK(4).sketch(batch_of([members]))[0])
     assert keys[0] != keys[2]
-    assert keys[3][16:] == bytes.fromhex("ff" * 16)  # two members: the key is padded
+    assert keys[3][8:] == bytes.fromhex("ff" * 8)  # two members: the key is padded
     # One more member changes the key only when it hashes below the current k least values.
     smallest = brute_force_sketch(members | {10**6}, 4, None)
     assert (keys[1] == keys[0]) == (smallest == brute_force_sketch(members, 4, None))
@@ -104,8 +104,9 @@ def test_cluster_key_is_stable_and_needs_k_shared_members() -> None:
 def test_seed_and_validation() -> None:
     features = SHINGLES.extract(["some text to sketch"])
     assert BottomK(8, 1).sketch(features).tolist() != BottomK(8, 2).sketch(features).tolist()
-    # Without a seed the sketch is the features' own least identities.
-    assert BottomK(8).sketch(features)[0].tolist() == sorted(features.identities.tolist())[:8]
+    # Without a seed the sketch is the top bits of the features' own least identities.
+    top = sorted({identity >> (44 - SKETCH_BITS) for identity in features.identities.tolist()})
+    assert BottomK(8).sketch(features)[0].tolist() == top[:8]
     with pytest.raises(ValueError, match="k must be"):
         BottomK(0)
     with pytest.raises(ValueError, match="shape"):

@@ -373,6 +373,13 @@ class SegmentIndex:
             problems.append(f"payload_bytes {payload_bytes} (stored {self.payload_bytes})")
         if plan is not None and not plan.same_lookup(stored):
             problems.append("a different table plan")
+        if problems and signing is not None and signing != self.signing:
+            raise PlanError(
+                f"index at {self.path} is incompatible with the requested {', '.join(problems)}: its fingerprints and "
+                "sketches were made another way (older code or other settings) and cannot be compared with new ones; "
+                "move it aside or point index.path at a new folder, which fills as documents arrive (the entries "
+                "it held would have expired within index.max_age_seconds)"
+            )
         if problems:
             raise PlanError(
                 f"index at {self.path} is incompatible with the requested {', '.join(problems)}; "

@@ -348,8 +348,10 @@ def test_an_index_refuses_fingerprints_signed_another_way(tmp_path: Path) -> Non
     # An index that recorded no signing (older code) cannot tell how its fingerprints were made.
     with SegmentIndex(tmp_path / "older", 64, 3, expected_entries=1000) as index:
         index.add(["k"], np.array([[5]], dtype=np.uint64))
-    with pytest.raises(PlanError, match="none recorded, an older index"):
+    with pytest.raises(PlanError, match="none recorded, an older index") as refused:
         SegmentIndex(tmp_path / "older", 64, 3, signing="scheme 2, settings a")
+    # The message says what to do: an index cannot be re-signed, only replaced.
+    assert "point index.path at a new folder" in str(refused.value)
 
 
 def _index_as_written_by(path: Path, reference: Path, **changes: object) -> None:
