@@ -207,8 +207,9 @@ def test_a_storm_of_copies_pairs_each_copy_with_the_first_only_and_decides_as_wi
     assert reduced == full
     assert sum(not novel for novel, _ in full) > 1000
     # Three signatures, 300 copies: each copy pairs with the first of each signature before it, not every copy;
-    # with every pair, each copy still pairs with at most max_candidates earlier copies.
-    assert max(reduced_pairs) < 900 < min(full_pairs) <= max(full_pairs) <= 300 * settings.dedup.max_candidates
+    # with every pair, each copy still pairs with at most max_candidates earlier copies and the first of each key.
+    bound = 300 * (settings.dedup.max_candidates + settings.fingerprint.segments)
+    assert max(reduced_pairs) < 900 < min(full_pairs) <= max(full_pairs) <= bound
 
 
 def test_a_later_copy_kept_by_the_stored_entries_expiry_brings_every_pair(settings: Settings, tmp_path: Path) -> None:
@@ -268,7 +269,8 @@ def test_hot_keys_leave_candidates_per_document_bounded_and_copies_caught(
             for start in range(0, len(texts), 500):
                 verdicts[name] += dedup.decide(docs(texts[start : start + 500], start))
                 most[name] = max(most[name], int(dedup.last_candidates.max()))
-    bound = 2 * settings.dedup.max_candidates
+    # Stored candidates, and in the batch as many plus the first document of each of its keys.
+    bound = 2 * settings.dedup.max_candidates + settings.fingerprint.segments
     # Without the bounds a hot key's documents are all candidates; with them, at most the bound.
     assert most["bounded"] <= bound < most["unbounded"]
     bounded = verdicts["bounded"]

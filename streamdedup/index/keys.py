@@ -72,7 +72,10 @@ class TableKeys:
         (the same guarantee as the stored tables), sorted by (earlier, later); only those whose earlier row is
         one of ``earlier_rows`` (a mask over the rows) when given. As the stored tables bound what a lookup
         finds: only the first ``key_capacity`` rows of a key's run are earlier sides through it, and each later
-        row keeps its ``max_candidates`` earlier rows that share the most tables with it."""
+        row keeps its ``max_candidates`` earlier rows that share the most tables with it, and the first row of
+        each of its keys' runs. Only kept rows can match and the keys do not know which are kept: the first rows
+        of the runs are those most likely kept, where a burst of near copies of one kept text would otherwise
+        crowd it out of the most shared."""
         n = len(self)
         none = np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
         rows = self.rows.ravel()
@@ -84,9 +87,9 @@ class TableKeys:
             later_count[self.keys.ravel() == 0] = 0
         if earlier_rows is not None:
             later_count[~earlier_rows[rows]] = 0
+        run_start = np.flatnonzero(self.runs.ravel())
+        rank = positions - run_start[np.cumsum(self.runs.ravel()) - 1]
         if key_capacity is not None:
-            run_start = np.flatnonzero(self.runs.ravel())
-            rank = positions - run_start[np.cumsum(self.runs.ravel()) - 1]
             later_count[rank >= key_capacity] = 0
         total = int(later_count.sum())
         if not total:
@@ -102,8 +105,9 @@ class TableKeys:
         else:
             pairs, shared = np.unique(packed, return_counts=True)
             earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
-            best = most_shared(later, earlier, shared, max_candidates)
-            earlier, later = earlier[best], later[best]
+            chosen = np.isin(pairs, packed[rank[first] == 0])
+            chosen[most_shared(later, earlier, shared, max_candidates)] = True
+            earlier, later = earlier[chosen], later[chosen]
         distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
         near = distances <= self.plan.radius
         return earlier[near], later[near], distances[near]

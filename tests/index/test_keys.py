@@ -78,7 +78,8 @@ def test_pairs_are_the_rows_within_the_radius_that_share_a_key(name: str) -> Non
 @pytest.mark.parametrize(("capacity", "limit"), [(1, 1), (2, 5), (4, 3), (400, 2)])
 def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(capacity: int, limit: int) -> None:
     # Brute force: a row is an earlier side through a table when it is among the first `capacity` rows of its
-    # key there; each later row keeps the `limit` earlier rows sharing the most such tables, the latest first.
+    # key there; each later row keeps the `limit` earlier rows sharing the most such tables, the latest first,
+    # and the first row of each of its keys.
     plan = PLANS["segments-512"]
     rng = np.random.default_rng(13)
     fps = _fingerprints(plan, 300, rng)
@@ -89,9 +90,12 @@ def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(
     unsorted_keys = np.empty_like(keys.keys)
     np.put_along_axis(unsorted_keys, keys.rows, keys.keys, axis=1)
     serves = np.zeros(unsorted_keys.shape, dtype=bool)
+    heads = set()
     for table, table_keys_row in enumerate(unsorted_keys):
         for key in np.unique(table_keys_row[table_keys_row != 0]):
-            serves[table, np.flatnonzero(table_keys_row == key)[:capacity]] = True
+            members = np.flatnonzero(table_keys_row == key)
+            serves[table, members[:capacity]] = True
+            heads.update((int(members[0]), int(later)) for later in members[1:])
     shared = ((unsorted_keys[:, :, None] == unsorted_keys[:, None, :]) & serves[:, :, None]).sum(axis=0)
     shared = np.triu(shared, k=1)
     expected = set()
@@ -99,9 +103,10 @@ def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(
         sources = np.flatnonzero(shared[:, row])
         ranked = sorted(sources.tolist(), key=lambda source: (-shared[source, row], -source))[:limit]
         expected.update((source, row) for source in ranked)
-    assert len(expected) > 100
+    assert len(expected) > 100 and not heads <= expected
+    expected |= heads
     assert set(zip(earlier.tolist(), later.tolist())) == expected
-    assert np.bincount(later, minlength=len(fps)).max() <= limit
+    assert np.bincount(later, minlength=len(fps)).max() <= limit + len(plan.tables)
     assert np.array_equal(np.lexsort((later, earlier)), np.arange(len(earlier)))
 
 
