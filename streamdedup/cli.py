@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
+from .bench import BENCHMARKS, LONG_BENCHMARKS
 from .logs import configure_logging
 from .settings import ConfigError, Settings, load_settings
 
@@ -72,7 +73,7 @@ def _build_parser() -> argparse.ArgumentParser:
     index.set_defaults(handler=_index)
 
     bench = commands.add_parser("bench", parents=[config_too], help="benchmarks against the peers, in one run")
-    bench.add_argument("name", choices=["fingerprint", "index", "kafka", "quality", "all"])
+    bench.add_argument("name", choices=[*BENCHMARKS, *LONG_BENCHMARKS, "all"])
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options for that benchmark")
     bench.set_defaults(handler=_bench)
 

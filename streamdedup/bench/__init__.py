@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 from ..settings import Settings
 
-__all__ = ["BENCHMARKS", "run_bench"]
+__all__ = ["BENCHMARKS", "LONG_BENCHMARKS", "run_bench"]
 
-BENCHMARKS = ("fingerprint", "index", "kafka", "quality")  # what `bench all` runs; growth takes minutes: run it by name
+BENCHMARKS = ("fingerprint", "index", "kafka", "quality")  # what `bench all` runs
+LONG_BENCHMARKS = ("growth",)  # minutes each: run by name only
 # The bench extra: the peers and what the benches measure the host with (pyproject.toml).
 _BENCH_EXTRA = frozenset({"simhash", "datasketch", "faiss", "psutil"})
 
