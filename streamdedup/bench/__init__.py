@@ -12,7 +12,7 @@ __all__ = ["BENCHMARKS", "LONG_BENCHMARKS", "run_bench"]
 BENCHMARKS = ("fingerprint", "index", "kafka", "quality")  # what `bench all` runs
 LONG_BENCHMARKS = ("growth",)  # minutes each: run by name only
 # The bench extra: the peers and what the benches measure the host with (pyproject.toml).
-_BENCH_EXTRA = frozenset({"simhash", "datasketch", "faiss", "psutil"})
+_BENCH_EXTRA = frozenset({"simhash", "datasketch", "faiss", "psutil", "rensa"})
 
 
 def run_bench(name: str, options: Sequence[str], settings: Settings) -> int:
