@@ -3,7 +3,9 @@
 Tweet-sized texts (100-300 UTF-8 bytes, several languages): ``Fingerprinter.fingerprint`` (the configured
 settings, batches of ``--batch``), the ``simhash`` package (``Simhash(text)``, its defaults) and datasketch
 ``MinHash(num_perm=128).update_batch`` over character 5-grams (built before the clock starts, so the peer is
-timed on hashing alone); also our bottom-k sketch over the same 5-grams. Then documents of 10-20 kB (MB/s).
+timed on hashing alone); rensa's batched ``RMinHash.digest_matrix_from_token_sets`` (128 permutations, one call
+over the 5-grams of all the texts, built before the clock too); also our bottom-k sketch over the same 5-grams.
+Then documents of 10-20 kB (MB/s).
 
 The contestants take turns for ``--rounds`` rounds and each keeps its best round, so that a busy machine
 slows all of them alike rather than whichever happened to run at the wrong moment; the CPU time the host
@@ -63,7 +65,8 @@ def main(options: list[str], settings: Settings) -> int:
     shingler = FeatureExtractor(FeatureSettings(word_ngrams=[], char_ngrams=[5]))
     sample = tweets[: args.peer_sample]
     grams = [[text[i : i + 5].encode("utf-8") for i in range(max(1, len(text) - 4))] for text in sample]
-    simhash_peer, datasketch_peer = _simhash_peer(), _datasketch_peer()
+    simhash_peer, datasketch_peer, rensa_peer = _simhash_peer(), _datasketch_peer(), _rensa_peer()
+    all_grams = [[text[i : i + 5] for i in range(max(1, len(text) - 4))] for text in tweets]
 
     contestants: list[tuple[str, list[str], Callable[[], object]]] = [
         (
@@ -73,6 +76,7 @@ def main(options: list[str], settings: Settings) -> int:
         ),
         ("simhash Simhash(text)", sample, lambda: simhash_peer(sample)),
         ("datasketch MinHash(128).update_batch, char 5-grams", sample, lambda: datasketch_peer(grams)),
+        ("rensa RMinHash digest matrix (128), char 5-grams", tweets, lambda: rensa_peer(all_grams)),
         (
             "streamdedup BottomK(128), char 5-grams",
             tweets,
@@ -105,10 +109,12 @@ def main(options: list[str], settings: Settings) -> int:
         print(f"{name:52} {rates[-1][0]:12,.0f} {rates[-1][1]:9.2f} {describe_steal(steal):>7}")
     print(f"host CPU steal (other tenants' share of the cores): {describe_steal(whole_run.percent())} over all rounds; "
           "the column is the round that counted")
-    ours, simhash_rate, datasketch_rate, bottom_k, long_rate = rates[:5]
+    ours, simhash_rate, datasketch_rate, rensa_rate, bottom_k, long_rate = rates[:6]
     print(f"ratio Fingerprinter / simhash:            {ours[0] / simhash_rate[0]:8.1f}x  (goal >= 25x)")
     print(f"ratio Fingerprinter / datasketch MinHash: {ours[0] / datasketch_rate[0]:8.1f}x  (goal >= 10x)")
+    print(f"ratio Fingerprinter / rensa MinHash:      {ours[0] / rensa_rate[0]:8.1f}x")
     print(f"ratio BottomK / datasketch MinHash:       {bottom_k[0] / datasketch_rate[0]:8.1f}x")
+    print(f"ratio BottomK / rensa MinHash:            {bottom_k[0] / rensa_rate[0]:8.1f}x")
     print(f"10-20 kB documents:                       {long_rate[1]:8.1f} MB/s (goal >= 50 MB/s)")
     return 0
 
@@ -161,6 +167,12 @@ def _simhash_peer() -> Callable[[list[str]], object]:
     from simhash import Simhash
 
     return lambda texts: [Simhash(text) for text in texts]
+
+
+def _rensa_peer() -> Callable[[list[list[str]]], object]:
+    from rensa import RMinHash
+
+    return lambda token_sets: RMinHash.digest_matrix_from_token_sets(token_sets, 128, 42)
 
 
 def _datasketch_peer() -> Callable[[list[list[bytes]]], object]:
