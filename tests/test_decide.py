@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streamdedup.bench.adversarial import boilerplate_stream, template_stream
 from streamdedup.decide import Deduplicator, Verdict, Verdicts
 from streamdedup.document import Document
 from streamdedup.index import IndexStorageError
@@ -223,39 +224,14 @@ def test_a_later_copy_kept_by_the_stored_entries_expiry_brings_every_pair(settin
         assert pairs[1] == (3 if every_pair else 2)
 
 
-def _template_stream(rng: random.Random, count: int, copies: int) -> tuple[list[str], dict[int, int]]:
-    """Texts of one template ("<name> is a Python library for <topic>"), with `copies` of earlier ones (as
-    they were, or with a word added) placed later in the stream; returns the texts and copy -> original."""
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    topics = ["parsing", "plotting", "testing", "caching", "logging", "the web", "numerics", "databases", "images"]
-
-    def word() -> str:
-        return "".join(rng.choice(letters) for _ in range(rng.randint(6, 11)))
-
-    texts = [f"{word()} is a Python library for {rng.choice(topics)} and {word()} {word()}" for _ in range(count)]
-    originals = rng.sample(range(count // 2), copies)
-    copy_of = {}
-    for original in originals:
-        at = rng.randint(original + 1, len(texts))
-        edited = texts[original] if rng.random() < 0.5 else texts[original] + " (fast)"
-        texts.insert(at, edited)
-        copy_of = {c + (c >= at): o + (o >= at) for c, o in copy_of.items()}
-        copy_of[at] = original + (original >= at)
-    return texts, copy_of
-
-
 @pytest.mark.parametrize("stream", ["template", "boilerplate"])
 def test_hot_keys_leave_candidates_per_document_bounded_and_copies_caught(
     settings: Settings, tmp_path: Path, stream: str
 ) -> None:
-    rng = random.Random(17)
-    if stream == "template":
-        texts, copy_of = _template_stream(rng, 3000, 40)
-    else:
-        # One boilerplate sentence and one distinct word: near copies of each other, and copies of them.
-        boilerplate = "please read the terms of service and the privacy notice carefully before you continue"
-        texts = [f"{boilerplate} {rng.randrange(10**9):09d}" for _ in range(3000)]
-        copy_of = {}
+    # One template whose texts differ in three words; one boilerplate sentence and a distinct number (near
+    # copies of each other); into each, 40 copies of earlier texts.
+    planted = (template_stream if stream == "template" else boilerplate_stream)(3000, 40 / 3000, seed=17)
+    texts, copy_of = planted.texts, planted.copy_of
     unbounded = settings.model_copy(
         update={"dedup": settings.dedup.model_copy(update={"key_capacity": None, "max_candidates": None})}
     )

@@ -10,8 +10,8 @@ as ``bench quality`` starts its clocks), and the figures of its end are read out
 
 Per window: documents/s, CPU time per document (this process and its workers: on a shared host it moves far
 less than the rate), the share kept, index entries, resident memory of this process and its workers,
-index bytes on disk (LMDB pages in use) per kept document, and how many stored entries each document's sketch
-was compared with (p50/p99/max; ``-`` where the decision core does not report it). At the end: the last
+index bytes on disk (LMDB pages in use) per kept document, and how many documents each document's sketch
+was compared with (p50/p99/max, ``Deduplicator.last_candidates``). At the end: the last
 window's documents/s over the first's (goal: at least 0.8), a PNG chart of rate and candidates against index
 entries, and with ``--json`` every figure.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from ..decide import Deduplicator
+from ..decide import Deduplicator, Verdicts
 from ..offline import decide_lines, open_index, signer_pool
 from ..settings import Settings
 from .growth_corpus import DEFAULT_CORPUS, SOURCES, Roots, build_corpus, read_corpus
@@ -56,10 +56,10 @@ class Window:
     kept_so_far: int
     # CPU seconds of this process and its workers in the window: on a shared host it moves far less than the rate.
     cpu_seconds: float
-    # Candidates per document over the window; None where the decision core does not report them.
-    candidates_p50: float | None
-    candidates_p99: float | None
-    candidates_max: int | None
+    # Candidates per document over the window.
+    candidates_p50: float
+    candidates_p99: float
+    candidates_max: int
 
     @property
     def docs_per_second(self) -> float:
@@ -138,10 +138,17 @@ def _per_source(counts: Counter[str]) -> str:
 
 
 def run_growth(
-    lines: Sequence[bytes], settings: Settings, work: Path, *, window: int, report: Callable[[Window], None] = lambda w: None
+    lines: Sequence[bytes],
+    settings: Settings,
+    work: Path,
+    *,
+    window: int,
+    report: Callable[[Window], None] = lambda w: None,
+    decided: Callable[[Verdicts], None] = lambda v: None,
 ) -> list[Window]:
     """Run ``lines`` (JSONL records) through the offline mode in an index at ``work``; one :class:`Window` per
-    ``window`` documents (the last may be shorter), each passed to ``report`` as it closes."""
+    ``window`` documents (the last may be shorter), each passed to ``report`` as it closes; each batch's
+    verdicts to ``decided``, outside the clock."""
     # As dedup_file: JSONL records carry their own id.
     input_settings = settings.input.model_copy(update={"id_field": settings.input.id_field or "id"})
     windows: list[Window] = []
@@ -153,7 +160,7 @@ def run_growth(
                 ready.result()  # every worker up, imported and with its tables built before the first window's clock
         batches = decide_lines(dedup, _batches(lines, settings.dedup.batch_size, window), input_settings, pool)
         read = kept = window_kept = 0
-        candidates: list[np.ndarray] | None = []
+        candidates: list[np.ndarray] = []
         cpu = CpuMeter()
         cpu_before = 0.0
         started = time.perf_counter()
@@ -162,11 +169,10 @@ def run_growth(
             novel = int(np.count_nonzero(verdicts.novel))
             kept += novel
             window_kept += novel
-            last = getattr(dedup, "last_candidates", None)
-            if last is None or candidates is None:
-                candidates = None
-            else:
-                candidates.append(np.asarray(last, dtype=np.int64).copy())
+            candidates.append(dedup.last_candidates)
+            paused = time.perf_counter()
+            decided(verdicts)
+            started += time.perf_counter() - paused
             if read % window and read < len(lines):
                 continue
             seconds = time.perf_counter() - started
@@ -187,7 +193,7 @@ def run_growth(
             windows.append(closed)
             report(closed)
             window_kept = 0
-            candidates = [] if candidates is not None else None
+            candidates = []
             cpu_before = _cpu(cpu)
             started = time.perf_counter()
     return windows
@@ -216,12 +222,10 @@ def _rss(me: psutil.Process) -> int:
     return total
 
 
-def _percentiles(candidates: list[np.ndarray] | None) -> dict[str, float | int | None]:
-    if not candidates:
-        return {"candidates_p50": None, "candidates_p99": None, "candidates_max": None}
-    values = np.concatenate(candidates)
+def _percentiles(candidates: list[np.ndarray]) -> dict[str, float | int]:
+    values = np.concatenate([np.zeros(0, dtype=np.int64), *candidates])
     if not len(values):
-        return {"candidates_p50": None, "candidates_p99": None, "candidates_max": None}
+        return {"candidates_p50": 0.0, "candidates_p99": 0.0, "candidates_max": 0}
     p50, p99 = np.percentile(values, [50, 99]).tolist()
     return {"candidates_p50": p50, "candidates_p99": p99, "candidates_max": int(values.max())}
 
@@ -234,8 +238,8 @@ _HEADER = "  ".join(name.rjust(width) for name, width in _COLUMNS)
 
 
 def _row(w: Window) -> str:
-    def candidates(value: float | int | None) -> str:
-        return "-" if value is None else f"{value:,.0f}"
+    def candidates(value: float) -> str:
+        return f"{value:,.0f}"
 
     cells = (
         str(w.number), f"{w.docs_per_second:,.0f}", f"{1e6 * w.cpu_per_document:,.0f}", f"{100 * w.kept / w.documents:.1f}",
@@ -264,13 +268,10 @@ def _chart(windows: Sequence[Window], path: Path, *, title: str) -> None:
     rate.set_ylim(bottom=0)
     rate.grid(alpha=0.3)
     rate.legend(loc="lower left")
-    if windows and all(w.candidates_p50 is not None for w in windows):
-        compared.plot(entries, [w.candidates_p50 for w in windows], marker="o", label="p50")
-        compared.plot(entries, [w.candidates_p99 for w in windows], marker="s", label="p99")
-        compared.set_ylim(bottom=0)
-        compared.legend(loc="lower right")
-    else:
-        compared.text(0.5, 0.5, "not reported by this decision core", ha="center", va="center", transform=compared.transAxes)
+    compared.plot(entries, [w.candidates_p50 for w in windows], marker="o", label="p50")
+    compared.plot(entries, [w.candidates_p99 for w in windows], marker="s", label="p99")
+    compared.set_ylim(bottom=0)
+    compared.legend(loc="lower right")
     compared.set_ylabel("candidates per document")
     compared.set_xlabel("index entries (kept documents stored)")
     compared.grid(alpha=0.3)
