@@ -8,7 +8,16 @@ Every system sees the stream in order and decides keep or drop per document, rem
   workers start once, before any clock, as every system's imports do;
 - ``simhash``: the ``simhash`` package, ``Simhash(text)`` (its defaults) + ``SimhashIndex(k=3)``;
 - ``minhash-0.5`` / ``minhash-0.8``: datasketch ``MinHashLSH`` at that threshold, ``MinHash(num_perm=128)``
-  over character 5-grams of the normalised text (the project's Normalizer, default settings).
+  over character 5-grams of the normalised text (the project's Normalizer, default settings);
+- ``rensa``: rensa's ``RMinHash`` (128 permutations) over the same 5-grams, every document of the split signed
+  by its batched ``RMinHash.from_token_sets`` before the loop, ``RMinHashLSH(threshold=0.5, num_bands=16)``;
+  each candidate is confirmed by the estimated Jaccard of the two sketches >= 0.5.
+
+Splits: ``tune`` and ``holdout`` (edited copies of real texts, ``quality_stream.jsonl.xz``) and ``natural``
+(Debian package descriptions and the duplicates they really hold, ``natural_stream.jsonl.xz``; see
+:mod:`streamdedup.quality.natural`). Besides recall and loss (clearly novel lost), every system is scored on
+the near-copies it published: kept documents with exact Jaccard >= 0.8 to an earlier kept document (over the
+ground truth's shingles: 4-grams for natural, 3-grams for tune and holdout), as a share of the kept ones.
 
 Every system runs ``--repeat`` times per split, in interleaved rounds, and its docs/s comes from its fastest
 run (as ``timeit`` reports the best of several): the machines this runs on are shared, and one slow moment
@@ -36,15 +45,22 @@ from ..normalize import Normalizer
 from ..offline import dedup_file, signer_pool
 from ..quality.corpus import STREAM_FILE, BenchDoc, load_stream
 from ..quality.evaluate import QualityReport, evaluate
+from ..quality.natural import NATURAL_FILE, NATURAL_SPLIT, NearCopies, load_natural, near_copies, truth_sets
 from ..settings import NormalizeSettings, Settings
 from ..signature import SignerPool
 
-__all__ = ["PEERS", "PeerResult", "main", "run_peer", "streamdedup_drops"]
+__all__ = ["PEERS", "PeerResult", "main", "run_peer", "split_near_copies", "streamdedup_drops"]
 
-SPLITS = ("tune", "holdout")
+SPLITS = ("tune", "holdout", NATURAL_SPLIT)
 MINHASH_SHINGLE = 5
 MINHASH_PERMUTATIONS = 128
 SIMHASH_K = 3
+RENSA_THRESHOLD = 0.5
+RENSA_BANDS = 16
+RENSA_SEED = 42
+CORPUS_SHINGLE = 3  # the tune and holdout ground truth's shingles (quality.corpus)
+# Goals on the natural split: (recall at least, clearly novel lost at most, near-copies published at most).
+GOALS = {NATURAL_SPLIT: (0.99, 0.0002, 0.0005)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +69,17 @@ class PeerResult:
     split: str
     seconds: float
     report: QualityReport
+    kept: int
+    published: int | None = None  # kept near-copies of an earlier kept document (None: not scored)
 
     @property
     def docs_per_second(self) -> float:
         return self.report.overall.documents / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def published_rate(self) -> float | None:
+        """Share of the kept documents that are near-copies of an earlier kept one."""
+        return None if self.published is None or not self.kept else self.published / self.kept
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -65,6 +88,7 @@ class PeerResult:
             "seconds": self.seconds,
             "docs_per_second": self.docs_per_second,
             **self.report.as_dict(),
+            "near_copies_published": {"count": self.published, "kept": self.kept, "rate": self.published_rate},
         }
 
 
@@ -128,11 +152,31 @@ def _minhash(threshold: float) -> Callable[[Sequence[BenchDoc], Settings], np.nd
     return run
 
 
+def _rensa(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarray:
+    from rensa import RMinHash, RMinHashLSH
+
+    normalized = Normalizer(NormalizeSettings()).normalize([doc.text for doc in docs])
+    grams = [
+        [text[i : i + MINHASH_SHINGLE] for i in range(max(1, len(text) - MINHASH_SHINGLE + 1))] for text in normalized
+    ]
+    # rensa signs a whole batch in one call; the stream's decisions still go one document at a time.
+    sketches = RMinHash.from_token_sets(grams, MINHASH_PERMUTATIONS, RENSA_SEED)
+    lsh = RMinHashLSH(threshold=RENSA_THRESHOLD, num_perm=MINHASH_PERMUTATIONS, num_bands=RENSA_BANDS)
+    dropped = np.zeros(len(docs), dtype=bool)
+    for position, sketch in enumerate(sketches):
+        if any(sketch.jaccard(sketches[key]) >= RENSA_THRESHOLD for key in lsh.query(sketch)):
+            dropped[position] = True
+        else:
+            lsh.insert(position, sketch)
+    return dropped
+
+
 PEERS: dict[str, Callable[[Sequence[BenchDoc], Settings], np.ndarray]] = {
     "streamdedup": streamdedup_drops,
     "simhash": _simhash,
     "minhash-0.5": _minhash(0.5),
     "minhash-0.8": _minhash(0.8),
+    "rensa": _rensa,
 }
 
 
@@ -144,10 +188,12 @@ def run_peer(
     pool: SignerPool | None = None,
     *,
     repeat: int = 1,
+    near: NearCopies | None = None,
 ) -> PeerResult:
     """Run one system over ``docs`` in order and score its decisions (``pool``: streamdedup's signing workers,
-    started before the clock like every system's imports); with ``repeat``, the fastest of that many runs."""
-    return _best([_timed_drops(name, docs, settings, pool) for _ in range(repeat)], name, docs, split)
+    started before the clock like every system's imports); with ``repeat``, the fastest of that many runs;
+    with ``near`` (the stream's near-copies), also the near-copies it published."""
+    return _best([_timed_drops(name, docs, settings, pool) for _ in range(repeat)], name, docs, split, near)
 
 
 def _timed_drops(
@@ -160,12 +206,25 @@ def _timed_drops(
     return time.perf_counter() - started, dropped
 
 
-def _best(runs: Sequence[tuple[float, np.ndarray]], name: str, docs: Sequence[BenchDoc], split: str) -> PeerResult:
+def _best(
+    runs: Sequence[tuple[float, np.ndarray]],
+    name: str,
+    docs: Sequence[BenchDoc],
+    split: str,
+    near: NearCopies | None = None,
+) -> PeerResult:
     """The fastest run's time; the decisions, which every run must share."""
     first = runs[0][1]
     if any(not np.array_equal(dropped, first) for _, dropped in runs[1:]):
         raise RuntimeError(f"{name} dropped different documents in repeated runs over the same {split} stream")
-    return PeerResult(name, split, min(seconds for seconds, _ in runs), evaluate(docs, first))
+    published = None if near is None else int(near.published(first).sum())
+    kept = int(len(docs) - first.sum())
+    return PeerResult(name, split, min(seconds for seconds, _ in runs), evaluate(docs, first), kept, published)
+
+
+def split_near_copies(docs: Sequence[BenchDoc]) -> NearCopies:
+    """The near-copies of a tune or holdout stream, over its ground truth's shingles (exact join at 0.8)."""
+    return near_copies(truth_sets([doc.text for doc in docs], CORPUS_SHINGLE))
 
 
 def _percent(value: float | None) -> str:
@@ -177,15 +236,27 @@ def _print_table(results: Sequence[PeerResult]) -> None:
         split: max((r.docs_per_second for r in results if r.split == split and r.name != "streamdedup"), default=None)
         for split in {r.split for r in results}
     }
-    print(f"{'split':<8} {'system':<12} {'recall':>9} {'loss':>9} {'novel lost':>11} {'docs/s':>10} {'x fastest peer':>15}")
+    print(
+        f"{'split':<8} {'system':<12} {'recall':>9} {'loss':>9} {'novel lost':>13} {'near-copies published':>24} "
+        f"{'docs/s':>10} {'x fastest peer':>15}"
+    )
     for result in results:
         overall = result.report.overall
         fastest = fastest_peer[result.split]
         ratio = f"{result.docs_per_second / fastest:.1f}x" if fastest and result.name == "streamdedup" else ""
+        published = "-" if result.published is None else f"{result.published}/{result.kept}"
         print(
             f"{result.split:<8} {result.name:<12} {_percent(overall.recall):>9} {_percent(overall.loss):>9} "
-            f"{overall.novel_dropped:>5}/{overall.novel:<5} {result.docs_per_second:>10.0f} {ratio:>15}"
+            f"{overall.novel_dropped:>6}/{overall.novel:<6} {_percent(result.published_rate):>9} {published:>14} "
+            f"{result.docs_per_second:>10.0f} {ratio:>15}"
         )
+    for split in dict.fromkeys(result.split for result in results):
+        if split in GOALS:
+            recall, lost, published = GOALS[split]
+            print(
+                f"{split:<8} {'goal':<12} {'>=' + _percent(recall):>9} {'<=' + _percent(lost):>9} {'':>13} "
+                f"{'<=' + _percent(published):>9}"
+            )
 
 
 def _print_detail(results: Sequence[PeerResult]) -> None:
@@ -208,7 +279,8 @@ def main(options: list[str], settings: Settings) -> int:
     parser.add_argument("--split", choices=[*SPLITS, "all"], default="all", help="which split to run")
     parser.add_argument("--limit", type=int, default=None, help="only the first N documents of each split")
     parser.add_argument("--systems", default=",".join(PEERS), help=f"comma-separated subset of {', '.join(PEERS)}")
-    parser.add_argument("--stream", type=Path, default=STREAM_FILE, help="labelled stream (JSONL, xz)")
+    parser.add_argument("--stream", type=Path, default=STREAM_FILE, help="labelled tune/holdout stream (JSONL, xz)")
+    parser.add_argument("--natural", type=Path, default=NATURAL_FILE, help="labelled natural split (JSONL, xz)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here as JSON")
     parser.add_argument("--detail", action="store_true", help="also print recall / loss by edit kind and language")
     parser.add_argument("--repeat", type=int, default=3, help="runs per system and split; docs/s of the fastest")
@@ -220,14 +292,21 @@ def main(options: list[str], settings: Settings) -> int:
     if unknown:
         parser.error(f"unknown systems {unknown}; choose from {list(PEERS)}")
 
-    stream = load_stream(args.stream)
+    splits = SPLITS if args.split == "all" else (args.split,)
+    stream = load_stream(args.stream) if set(splits) - {NATURAL_SPLIT} else []
+    natural = load_natural(args.natural) if NATURAL_SPLIT in splits else None
     results = []
     with signer_pool(settings) as pool:
         if pool is not None:
             for ready in pool.warm_up():
                 ready.result()  # every worker up, imported and with its tables built before any clock starts
-        for split in SPLITS if args.split == "all" else (args.split,):
-            docs = [doc for doc in stream if doc.split == split][: args.limit]
+        for split in splits:
+            if natural is not None and split == NATURAL_SPLIT:
+                docs = natural[0][: args.limit]
+                near = natural[1].head(len(docs))
+            else:
+                docs = [doc for doc in stream if doc.split == split][: args.limit]
+                near = split_near_copies(docs)
             runs: dict[str, list[tuple[float, np.ndarray]]] = {name: [] for name in systems}
             # Rounds interleave the systems, so a slow stretch of the machine falls on all of them alike.
             for round_number in range(1, args.repeat + 1):
@@ -235,7 +314,7 @@ def main(options: list[str], settings: Settings) -> int:
                     runs[name].append(_timed_drops(name, docs, settings, pool))
                     seconds = runs[name][-1][0]
                     print(f"  {split} round {round_number} {name}: {len(docs)} docs in {seconds:.1f} s", flush=True)
-            results.extend(_best(runs[name], name, docs, split) for name in systems)
+            results.extend(_best(runs[name], name, docs, split, near) for name in systems)
     print()
     _print_table(results)
     if args.detail:

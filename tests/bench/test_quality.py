@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from streamdedup.bench.quality import PEERS, _best, main, run_peer
+from streamdedup.bench.quality import PEERS, _best, main, run_peer, split_near_copies
 from streamdedup.quality.corpus import CLEARLY_NOVEL, DUPLICATE, OTHER, BenchDoc, load_stream, write_stream
+from streamdedup.quality.natural import build_natural, load_natural
+from streamdedup.quality.sources import write_records
 from streamdedup.settings import Settings
 
 ORIGINAL = "Those who cannot remember the past are condemned to repeat it, wrote Santayana in 1905."
@@ -52,24 +55,54 @@ def test_each_system_runs_on_a_slice_of_the_benchmark(name: str, holdout_slice: 
     assert report.overall.loss is not None and report.overall.loss <= 0.02
 
 
+NATURAL_PACKAGES = """\
+Package: alpha
+Description: tool that frobnicates widgets
+ Alpha frobnicates widgets quickly and reliably, whatever their size.
+ .
+ This package contains the command-line tool.
+
+Package: beta
+Description: shared objects of the gadget toolkit
+ This package contains the command-line tool.
+ .
+ Beta is the widget library of the frobnication suite.
+
+Package: gamma
+Description: tool that frobnicates widgets
+"""
+
+
 def test_main_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    stream = tmp_path / "stream.jsonl.xz"
+    stream, natural = tmp_path / "stream.jsonl.xz", tmp_path / "natural.jsonl.xz"
     write_stream([*HAND_STREAM, BenchDoc("g", "holdout", "en", 9, "original", OTHER, 0.6, None, ORIGINAL)], stream)
+    write_records(build_natural(NATURAL_PACKAGES), natural)
     out = tmp_path / "quality.json"
-    assert main(["--stream", str(stream), "--json", str(out), "--detail", "--repeat", "2"], Settings()) == 0
+    options = ["--stream", str(stream), "--natural", str(natural), "--json", str(out), "--detail", "--repeat", "2"]
+    assert main(options, Settings()) == 0
     printed = capsys.readouterr().out
     assert "tune round 2 streamdedup" in printed and "holdout round 2 minhash-0.8" in printed
+    assert "natural round 2 rensa: 7 docs" in printed
     for name in PEERS:
         assert name in printed
     results = json.loads(out.read_text())
     assert [(row["split"], row["system"]) for row in results] == [
-        (split, name) for split in ("tune", "holdout") for name in PEERS
+        (split, name) for split in ("tune", "holdout", "natural") for name in PEERS
     ]
+    # Every system drops the two repeated texts of the natural split and publishes no near-copy.
+    for row in results:
+        if row["split"] == "natural":
+            assert row["overall"]["duplicates"] == 2 and row["overall"]["recall"] == 1.0, row["system"]
+            assert row["near_copies_published"] == {"count": 0, "kept": 5, "rate": 0.0}
+    tune_simhash = next(row for row in results if row["split"] == "tune" and row["system"] == "simhash")
+    assert tune_simhash["near_copies_published"] == {"count": 0, "kept": 3, "rate": 0.0}
+    assert re.search(r"^natural +goal +>=99\.000% +<=0\.020% +<=0\.050%$", printed, re.MULTILINE)
+    assert re.search(r"^tune +simhash .* 0\.000% +0/3 ", printed, re.MULTILINE)
     tune_simhash = next(row for row in results if row["split"] == "tune" and row["system"] == "simhash")
     assert tune_simhash["by_edit"]["exact"]["recall"] == 1.0
     assert tune_simhash["overall"]["clearly_novel"] == 3
     # The speed ratio compares streamdedup with the fastest peer of the same split.
-    for split in ("tune", "holdout"):
+    for split in ("tune", "holdout", "natural"):
         rows = [row for row in results if row["split"] == split]
         ours = next(row["docs_per_second"] for row in rows if row["system"] == "streamdedup")
         fastest = max(row["docs_per_second"] for row in rows if row["system"] != "streamdedup")
@@ -90,3 +123,27 @@ def test_repeated_runs_keep_the_fastest_time_and_must_agree():
 def test_unknown_system_is_refused():
     with pytest.raises(SystemExit):
         main(["--systems", "simhash,nonsense"], Settings())
+
+
+def test_rensa_drops_an_exact_and_a_near_copy_and_keeps_an_unrelated_text():
+    near = ORIGINAL.replace("wrote Santayana", "as Santayana wrote")
+    docs = [
+        BenchDoc("a", "tune", "en", 0, "original", CLEARLY_NOVEL, 0.0, None, ORIGINAL),
+        BenchDoc("b", "tune", "en", 0, "exact", DUPLICATE, 1.0, "a", ORIGINAL),
+        BenchDoc("c", "tune", "en", 0, "word_replace", DUPLICATE, 0.8, "a", near),
+        BenchDoc("d", "tune", "de", 1, "original", CLEARLY_NOVEL, 0.0, None, UNRELATED),
+    ]
+    result = run_peer("rensa", docs, Settings(), "tune", near=split_near_copies(docs))
+    assert PEERS["rensa"](docs, Settings()).tolist() == [False, True, True, False]
+    assert (result.report.overall.recall, result.report.overall.loss) == (1.0, 0.0)
+    assert (result.kept, result.published) == (2, 0)
+
+
+def test_natural_split_runs_with_a_limit(capsys: pytest.CaptureFixture[str]):
+    assert main(["--split", "natural", "--limit", "300", "--systems", "rensa", "--repeat", "1"], Settings()) == 0
+    printed = capsys.readouterr().out
+    docs, near = load_natural()
+    dropped = PEERS["rensa"](docs[:300], Settings())
+    published = int(near.head(300).published(dropped).sum())
+    assert "natural round 1 rensa: 300 docs" in printed
+    assert re.search(rf"^natural +rensa .* {published}/{300 - int(dropped.sum())} ", printed, re.MULTILINE)
