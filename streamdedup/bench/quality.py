@@ -34,9 +34,11 @@ import json
 import logging
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -124,12 +126,22 @@ def _simhash(docs: Sequence[BenchDoc], settings: Settings) -> np.ndarray:
     index = SimhashIndex([], k=SIMHASH_K)
     dropped = np.zeros(len(docs), dtype=bool)
     for position, doc in enumerate(docs):
-        fingerprint = Simhash(doc.text)
+        fingerprint = _simhash_of(Simhash, doc.text)
         if index.get_near_dups(fingerprint):
             dropped[position] = True
         else:
             index.add(doc.id, fingerprint)
     return dropped
+
+
+def _simhash_of(simhash: Any, text: str) -> Any:
+    """``Simhash(text)``. simhash 2.1 multiplies a uint8 bit array by a feature's count, which numpy 2 refuses
+    over 255 (a long text repeating a 4-gram that often); a numpy count there gives the value the package means."""
+    try:
+        return simhash(text)
+    except OverflowError:
+        counts = Counter(simhash(0)._tokenize(text))
+        return simhash({feature: np.int64(count) if count > 255 else count for feature, count in counts.items()})
 
 
 def _minhash(threshold: float) -> Callable[[Sequence[BenchDoc], Settings], np.ndarray]:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -147,3 +148,20 @@ def test_natural_split_runs_with_a_limit(capsys: pytest.CaptureFixture[str]):
     published = int(near.head(300).published(dropped).sum())
     assert "natural round 1 rensa: 300 docs" in printed
     assert re.search(rf"^natural +rensa .* {published}/{300 - int(dropped.sum())} ", printed, re.MULTILINE)
+
+
+def test_simhash_peer_fingerprints_texts_repeating_a_feature_over_255_times():
+    from simhash import Simhash
+
+    from streamdedup.bench.quality import _simhash_of
+
+    text = "abcd " * 200
+    counts = Counter(Simhash(0)._tokenize(text))
+    # numpy counts give the package's own value where it works (counts up to 255) ...
+    assert Simhash({feature: np.int64(count) for feature, count in counts.items()}).value == Simhash(text).value
+    assert _simhash_of(Simhash, text).value == Simhash(text).value
+    # ... and a value where the package itself overflows.
+    with pytest.raises(OverflowError):
+        Simhash("abcd " * 300)
+    longer = _simhash_of(Simhash, "abcd " * 300)
+    assert longer.distance(_simhash_of(Simhash, "abcd " * 301)) <= 3
