@@ -52,6 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,6 +65,7 @@ from .key_filter import KeyFilter
 from .keys import TableKeys, first_copies, most_shared, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
 from .mirror import TableMirror
+from .packed_ids import PackedIds
 from .sorted_rows import SortedRows, expand_ranges
 from .table import BIG_ENDIAN_U64 as _U64
 from .table import DuplicateRows, PackedBuckets, TableLayout, rows_in, table_class
@@ -126,7 +128,7 @@ class EntryRecords:
     ``origin_rows`` holds each entry's (topic id, partition, offset), named by ``topic_names``."""
 
     entries: np.ndarray
-    ids: list[str]
+    ids: PackedIds
     fingerprints: np.ndarray
     times: np.ndarray
     payloads: np.ndarray
@@ -826,7 +828,7 @@ class SegmentIndex:
                 keys, _, _ = table_rows(self.plan, head["fp"].reshape(len(head), self.words).astype(np.uint64))
                 key_filter.add(keys)
 
-    def _fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    def _fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
         """Raw records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
         seqs = np.unique(np.asarray(seqs, dtype=np.uint64))
         with txn.cursor(self._entries) as cursor:
@@ -836,9 +838,16 @@ class SegmentIndex:
         if len(found) == len(seqs):
             entries = seqs
         else:
-            entries = np.frombuffer(b"".join(k for k, _ in found), dtype=_U64).astype(np.uint64)
-        head = np.frombuffer(b"".join(v[:size] for _, v in found), dtype=self._record)
-        return entries, head, [v[size:].decode() for _, v in found]
+            entries = np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=_U64).astype(np.uint64)
+        # One join of the whole records; heads and ids are cut from it by offsets, not record by record.
+        values = list(map(itemgetter(1), found))
+        lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+        buffer = b"".join(values)
+        stops = np.cumsum(lengths)
+        starts = stops - lengths
+        raw = np.frombuffer(buffer, dtype=np.uint8)
+        head = raw[starts[:, None] + np.arange(size)].view(self._record).reshape(len(values))
+        return entries, head, PackedIds(buffer, starts + size, stops)
 
     def _records(self, txn: Any, seqs: np.ndarray) -> EntryRecords:
         """Records of the given entry keys, sorted by key (missing keys skipped)."""
@@ -1593,7 +1602,7 @@ def _subset(batch: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
 def _reorder(records: EntryRecords, order: np.ndarray) -> EntryRecords:
     return EntryRecords(
         records.entries[order],
-        [records.ids[i] for i in order.tolist()],
+        records.ids.take(order),
         records.fingerprints[order],
         records.times[order],
         records.payloads[order],
