@@ -148,7 +148,7 @@ class DedupSettings(Section):
     workers: int = Field(default=2, ge=0)
     # Hot keys (boilerplate, templates) must not make a lookup's cost grow with the index: a table key leads to
     # at most key_capacity kept documents, and each document verifies at most max_candidates of those it finds.
-    key_capacity: int | None = Field(default=16, ge=1)
+    key_capacity: int | None = Field(default=32, ge=1)
     max_candidates: int | None = Field(default=16, ge=1)
 
 
