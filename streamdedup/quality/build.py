@@ -132,6 +132,13 @@ def describe(streams: dict[str, list[BenchDoc]], sources: Sequence[SourceItem]) 
         "Tweet-sized fortunes with reposts (the same edits) close together: `id`, `text`, `lang`, `time`",
         "(event time, epoch seconds). Used by `make demo` and the fingerprint benchmark.",
         "",
+        "## Natural split (`natural_stream.jsonl.xz`)",
+        "",
+        "Built apart, by `python -m streamdedup.quality.natural` (see that module): bookworm's package",
+        "descriptions, each short description and each paragraph of a long description one document, unedited,",
+        "shuffled with a fixed seed; exact labels over normalised character 4-grams, and each document's earlier",
+        "near copies (Jaccard >= 0.8), so that `bench quality` can count the near copies a system published.",
+        "",
     ]
     return "\n".join(lines)
 

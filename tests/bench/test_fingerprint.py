@@ -12,6 +12,7 @@ ROWS = (
     "streamdedup Fingerprinter.fingerprint",
     "simhash Simhash(text)",
     "datasketch MinHash(128).update_batch, char 5-grams",
+    "rensa RMinHash digest matrix (128), char 5-grams",
     "streamdedup BottomK(128), char 5-grams",
     "streamdedup Fingerprinter.fingerprint, 10-20 kB",
     "simhash Simhash(text), 10-20 kB",
@@ -35,12 +36,18 @@ def test_a_small_bench_prints_every_contestant_and_ratios_of_its_own_rates(capsy
         rates[name] = float(row[1].replace(",", ""))
         assert rates[name] > 0
     ours = rates["streamdedup Fingerprinter.fingerprint"]
-    for label, peer in (("simhash", "simhash Simhash(text)"),
-                        ("datasketch MinHash", "datasketch MinHash(128).update_batch, char 5-grams")):
-        printed = re.search(rf"ratio Fingerprinter / {label}: +([\d.]+)x", out)
-        assert printed is not None
+    bottom_k = rates["streamdedup BottomK(128), char 5-grams"]
+    rensa = "rensa RMinHash digest matrix (128), char 5-grams"
+    for first, label, theirs in (
+        (ours, "Fingerprinter / simhash", "simhash Simhash(text)"),
+        (ours, "Fingerprinter / datasketch MinHash", "datasketch MinHash(128).update_batch, char 5-grams"),
+        (ours, "Fingerprinter / rensa MinHash", rensa),
+        (bottom_k, "BottomK / rensa MinHash", rensa),
+    ):
+        printed = re.search(rf"ratio {label}: +([\d.]+)x", out)
+        assert printed is not None, label
         # The rates are printed rounded to whole documents: the ratio agrees with them to that precision.
-        assert float(printed[1]) == pytest.approx(ours / rates[peer], rel=0.02, abs=0.1)
+        assert float(printed[1]) == pytest.approx(first / rates[theirs], rel=0.02, abs=0.1)
     assert re.search(r"^10-20 kB documents: +[\d.]+ MB/s \(goal >= 50 MB/s\)$", out, re.MULTILINE)
     assert re.search(r"^host CPU steal \(other tenants' share of the cores\): (\d+ %|n/a) over all rounds", out,
                      re.MULTILINE)
