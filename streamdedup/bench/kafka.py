@@ -12,6 +12,11 @@ and the CPU time each side spent per message (its own processes and the local br
 the broker, the service keeps the cores busy, so the service's CPU per message is what sets its rate.
 Latency is measured separately under a steady produce rate: output arrival time minus the time the message
 was produced.
+
+With ``--natural N``, the service alone instead runs a backlog of the first N documents of ``bench growth``'s
+corpus (natural text: this machine's Debian package texts) and prints its rate per window of ``--window``
+records consumed, and the last window's rate over the first's: a service whose cost grew with its index would
+fall behind its input as it filled.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import orjson
 import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -41,6 +47,7 @@ from ..metrics import Stage
 from ..names import METRIC_PREFIX
 from ..service import DedupService
 from ..settings import Settings
+from .growth_corpus import DEFAULT_CORPUS, Roots, build_corpus, read_corpus
 from .host import CpuMeter, StealClock, describe_steal, local_broker
 
 __all__ = ["main"]
@@ -55,12 +62,17 @@ def main(options: list[str], settings: Settings) -> int:
     parser.add_argument("--latency-seconds", type=float, default=10.0, help="length of the latency phase")
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds; each side keeps its fastest")
     parser.add_argument("--bootstrap", default=None, help="use this broker instead of the local one")
+    parser.add_argument("--natural", type=int, default=0, help="run the service alone over N natural documents")
+    parser.add_argument("--window", type=int, default=50_000, help="records per window with --natural")
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="bench growth's corpus; assembled if missing")
     args = parser.parse_args(options)
 
     broker = None if args.bootstrap else LocalBroker(Path("var") / "kafka")
     was_running = broker is None or broker.running()
     bootstrap = args.bootstrap or broker.start()  # type: ignore[union-attr]
     try:
+        if args.natural:
+            return asyncio.run(_natural(settings, bootstrap, args.corpus, args.natural, args.window))
         return asyncio.run(_bench(settings, bootstrap, args))
     finally:
         if broker is not None and not was_running:
@@ -163,6 +175,53 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
     print("service, mean ms per batch in its fastest throughput round: "
           + ", ".join(f"{stage} {1000 * seconds:.1f}" for stage, seconds in stages.items()))
     return 0
+
+
+# ---------------------------------------------------------------------------------------------- natural text
+
+
+async def _natural(settings: Settings, bootstrap: str, corpus: Path, documents: int, window: int) -> int:
+    if not corpus.exists():
+        print(f"assembling the corpus into {corpus} ...", flush=True)
+        build_corpus(corpus, Roots())
+    lines, _, _ = read_corpus(corpus, documents)
+    texts = [orjson.loads(line)["text"] for line in lines]
+    print(f"broker {bootstrap}; {len(texts):,} documents of natural text ({corpus}), "
+          f"{np.mean([len(t) for t in texts]):.0f} chars on average, as a backlog", flush=True)
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-kafka-natural-") as work:
+            source, sink = await _topics(bootstrap, prefix, "natural-in", "natural-out")
+            await _produce(bootstrap, source, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
+            rates = await _windowed(settings, bootstrap, source, sink, len(texts), Path(work) / "index", window)
+    finally:
+        await _delete_topics(bootstrap, prefix)
+    for number, (consumed, rate) in enumerate(rates, start=1):
+        print(f"window {number:>3}: {rate:>8,.0f} msg/s, {consumed:>9,} consumed")
+    print(f"last window / first window msg/s: {rates[-1][1] / rates[0][1]:.2f}")
+    return 0
+
+
+async def _windowed(
+    settings: Settings, bootstrap: str, source: str, sink: str, n: int, index: Path, window: int
+) -> list[tuple[int, float]]:
+    """The service over a backlog of ``n`` records: (records consumed, msg/s) at the end of each ``window``
+    records, timed from the first record consumed."""
+    service = DedupService(_service_settings(settings, bootstrap, source, sink, index))
+    rates: list[tuple[int, float]] = []
+    with collecting_for_batches():
+        async with service, asyncio.timeout(3600):
+            mark: tuple[float, int] | None = None
+            while True:
+                consumed, now = service.stats.consumed, time.perf_counter()
+                if mark is None:
+                    mark = (now, consumed) if consumed else None
+                elif consumed - mark[1] >= window or consumed >= n:
+                    rates.append((consumed, (consumed - mark[1]) / (now - mark[0])))
+                    mark = (now, consumed)
+                if consumed >= n:
+                    return rates
+                await asyncio.sleep(0.01)
 
 
 # ---------------------------------------------------------------------------------------------- throughput

@@ -3,12 +3,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from pathlib import Path
 
 import pytest
 
 from streamdedup.bench.kafka import main
 from streamdedup.kafka.admin import admin_client
 from streamdedup.settings import Settings
+from tests.bench.test_growth import _small_corpus
 
 
 async def _topics(bootstrap: str) -> set[str]:
@@ -77,3 +79,25 @@ def test_bench_reports_both_sides_and_deletes_its_topics(
     # the bench's to prevent.)
     errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
     assert [message for message in errors if "NotLeaderForPartition" in message] == []
+
+
+def test_natural_text_through_the_service_reports_each_window(
+    kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    _small_corpus(corpus, 3_000)
+    before = asyncio.run(_topics(kafka_bootstrap))
+    options = ["--natural", "3000", "--window", "1000", "--corpus", str(corpus), "--bootstrap", kafka_bootstrap]
+    assert main(options, Settings()) == 0
+    out = capsys.readouterr().out
+    windows = re.findall(r"^window +(\d+): +([\d,]+) msg/s, +([\d,]+) consumed$", out, re.MULTILINE)
+    assert [int(number) for number, _, _ in windows] == list(range(1, len(windows) + 1))
+    consumed = [int(count.replace(",", "")) for _, _, count in windows]
+    # Each window ends once 1,000 more are consumed (a batch may overshoot it), the last at the end.
+    assert consumed[-1] == 3000 and all(later - earlier >= 1000 for earlier, later in zip(consumed, consumed[1:-1]))
+    rates = [float(rate.replace(",", "")) for _, rate, _ in windows]
+    assert all(rate > 0 for rate in rates)
+    ratio = re.search(r"^last window / first window msg/s: ([\d.]+)$", out, re.MULTILINE)
+    assert ratio and float(ratio[1]) == pytest.approx(rates[-1] / rates[0], rel=0.01, abs=0.01)
+    leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
+    assert leftover == set()
