@@ -41,7 +41,7 @@ class BottomK:
             raise ValueError(f"seed must be None or in [0, 2**64), got {seed}")
         self.k = k
         # Distinct stand-ins for a pair of sketches' padding, above every 31-bit value.
-        self._pad_values = (np.uint32(1 << SKETCH_BITS) + np.arange(2 * k, dtype=np.uint32)).astype(SKETCH_DTYPE)
+        self._pad_values = np.arange(2 * k, dtype=SKETCH_DTYPE) + SKETCH_DTYPE.type(1 << SKETCH_BITS)
         self.seed = seed
 
     def sketch(self, features: FeatureBatch) -> np.ndarray:

@@ -32,7 +32,7 @@ import orjson
 from ..decide import Verdicts
 from ..settings import Settings
 from .growth import Window, run_growth
-from .growth_corpus import DEFAULT_CORPUS, Roots, build_corpus, read_corpus
+from .growth_corpus import DEFAULT_CORPUS, ensure_corpus, read_corpus
 
 __all__ = ["PlantedStream", "boilerplate_stream", "main", "plant_copies", "template_stream"]
 
@@ -97,9 +97,7 @@ def main(options: list[str], settings: Settings) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the streams")
     args = parser.parse_args(options)
 
-    if not args.corpus.exists():
-        print(f"assembling the corpus into {args.corpus} ...", flush=True)
-        build_corpus(args.corpus, Roots(), seed=args.seed)
+    ensure_corpus(args.corpus, seed=args.seed)
     natural, _, _ = read_corpus(args.corpus, args.documents)
     streams: dict[str, tuple[list[bytes], PlantedStream | None]] = {"natural": (natural, None)}
     for name, make in (("template", template_stream), ("boilerplate", boilerplate_stream)):

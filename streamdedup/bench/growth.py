@@ -35,7 +35,7 @@ import psutil
 from ..decide import Deduplicator, Verdicts
 from ..offline import decide_lines, open_index, signer_pool
 from ..settings import Settings
-from .growth_corpus import DEFAULT_CORPUS, SOURCES, Roots, build_corpus, read_corpus
+from .growth_corpus import DEFAULT_CORPUS, SOURCES, ensure_corpus, read_corpus
 from .host import CpuMeter
 
 __all__ = ["GOAL", "Window", "main", "run_growth"]
@@ -89,11 +89,7 @@ def main(options: list[str], settings: Settings) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where the temporary index goes (default: the system's)")
     args = parser.parse_args(options)
 
-    if not args.corpus.exists():
-        print(f"assembling the corpus into {args.corpus} ...", flush=True)
-        started = time.perf_counter()
-        found = build_corpus(args.corpus, Roots(), seed=args.seed)
-        print(f"  {sum(found.values()):,} documents in {time.perf_counter() - started:.0f} s", flush=True)
+    ensure_corpus(args.corpus, seed=args.seed)
     lines, counts, everything = read_corpus(args.corpus, args.documents)
     total = sum(everything.values())
     print(f"corpus {args.corpus}: {total:,} documents; running the first {len(lines):,}")

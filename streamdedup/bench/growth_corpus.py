@@ -27,6 +27,7 @@ import hashlib
 import os
 import re
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ __all__ = [
     "changelog_documents",
     "collect",
     "copyright_documents",
+    "ensure_corpus",
     "man_documents",
     "python_documents",
     "read_corpus",
@@ -370,6 +372,16 @@ def build_corpus(path: Path, roots: Roots, *, seed: int = 0) -> Counter[str]:
         out.writelines(orjson.dumps({"id": ids[row], "text": texts[row]}) + b"\n" for row in order.tolist())
     partial.replace(path)
     return Counter({source: len(per_source[source]) for source in SOURCES})
+
+
+def ensure_corpus(path: Path, *, seed: int = 0) -> None:
+    """Assemble the corpus at ``path`` (``build_corpus`` from this machine's packages) unless it is there."""
+    if path.exists():
+        return
+    print(f"assembling the corpus into {path} ...", flush=True)
+    started = time.perf_counter()
+    found = build_corpus(path, Roots(), seed=seed)
+    print(f"  {sum(found.values()):,} documents in {time.perf_counter() - started:.0f} s", flush=True)
 
 
 def read_corpus(path: Path, documents: int) -> tuple[list[bytes], Counter[str], Counter[str]]:

@@ -47,7 +47,7 @@ from ..metrics import Stage
 from ..names import METRIC_PREFIX
 from ..service import DedupService
 from ..settings import Settings
-from .growth_corpus import DEFAULT_CORPUS, Roots, build_corpus, read_corpus
+from .growth_corpus import DEFAULT_CORPUS, ensure_corpus, read_corpus
 from .host import CpuMeter, StealClock, describe_steal, local_broker
 
 __all__ = ["main"]
@@ -181,9 +181,7 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
 
 
 async def _natural(settings: Settings, bootstrap: str, corpus: Path, documents: int, window: int) -> int:
-    if not corpus.exists():
-        print(f"assembling the corpus into {corpus} ...", flush=True)
-        build_corpus(corpus, Roots())
+    ensure_corpus(corpus)
     lines, _, _ = read_corpus(corpus, documents)
     texts = [orjson.loads(line)["text"] for line in lines]
     print(f"broker {bootstrap}; {len(texts):,} documents of natural text ({corpus}), "

@@ -12,7 +12,7 @@ import numpy as np
 
 from .plan import IndexPlan, fold, gather_bits, unpack_bits
 
-__all__ = ["TableKeys", "first_copies", "most_shared", "table_keys", "table_rows"]
+__all__ = ["TableKeys", "first_copies", "most_shared", "run_ranks", "table_keys", "table_rows"]
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,7 @@ class TableKeys:
             later_count[self.keys.ravel() == 0] = 0
         if earlier_rows is not None:
             later_count[~earlier_rows[rows]] = 0
-        run_start = np.flatnonzero(self.runs.ravel())
-        rank = positions - run_start[np.cumsum(self.runs.ravel()) - 1]
+        rank = run_ranks(np.flatnonzero(self.runs.ravel()), len(rows))
         if key_capacity is not None:
             later_count[rank >= key_capacity] = 0
         total = int(later_count.sum())
@@ -99,12 +98,9 @@ class TableKeys:
         a, b = rows[first], rows[first + step]
         # A pair found through several tables counts once: (earlier, later) packed in one word, one sort.
         packed = np.minimum(a, b).astype(np.uint64) * np.uint64(n) + np.maximum(a, b).astype(np.uint64)
-        if max_candidates is None:
-            pairs = np.unique(packed)
-            earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
-        else:
-            pairs, shared = np.unique(packed, return_counts=True)
-            earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
+        pairs, shared = np.unique(packed, return_counts=True)
+        earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
+        if max_candidates is not None:
             chosen = np.isin(pairs, packed[rank[first] == 0])
             chosen[most_shared(later, earlier, shared, max_candidates)] = True
             earlier, later = earlier[chosen], later[chosen]
@@ -120,8 +116,13 @@ def most_shared(rows: np.ndarray, named: np.ndarray, shared: np.ndarray, limit: 
     order = np.lexsort((~named.astype(np.uint64), -shared, rows))
     grouped = rows[order]
     starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
-    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.append(starts, len(order))))
-    return np.sort(order[rank < limit])
+    return np.sort(order[run_ranks(starts, len(order)) < limit])
+
+
+def run_ranks(starts: np.ndarray, length: int) -> np.ndarray:
+    """Each position's place (0, 1, ...) within its run, the runs of ``length`` positions starting at ``starts``
+    (ascending, the first 0)."""
+    return np.arange(length) - np.repeat(starts, np.diff(np.append(starts, length)))
 
 
 def first_copies(fps: np.ndarray, *alike: np.ndarray) -> np.ndarray:

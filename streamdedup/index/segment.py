@@ -62,7 +62,7 @@ import numpy as np
 from .. import names
 from ..settings import IndexSettings
 from .key_filter import KeyFilter
-from .keys import TableKeys, first_copies, most_shared, table_keys, table_rows
+from .keys import TableKeys, first_copies, most_shared, run_ranks, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
 from .mirror import TableMirror
 from .packed_ids import PackedIds
@@ -375,18 +375,17 @@ class SegmentIndex:
             problems.append(f"payload_bytes {payload_bytes} (stored {self.payload_bytes})")
         if plan is not None and not plan.same_lookup(stored):
             problems.append("a different table plan")
-        if problems and signing is not None and signing != self.signing:
-            raise PlanError(
-                f"index at {self.path} is incompatible with the requested {', '.join(problems)}: its fingerprints and "
-                "sketches were made another way (older code or other settings) and cannot be compared with new ones; "
-                "move it aside or point index.path at a new folder, which fills as documents arrive (the entries "
-                "it held would have expired within index.max_age_seconds)"
+        if not problems:
+            return
+        if signing is not None and signing != self.signing:
+            advice = (
+                "its fingerprints and sketches were made another way (older code or other settings) and cannot be "
+                "compared with new ones; move it aside or point index.path at a new folder, which fills as documents "
+                "arrive (the entries it held would have expired within index.max_age_seconds)"
             )
-        if problems:
-            raise PlanError(
-                f"index at {self.path} is incompatible with the requested {', '.join(problems)}; "
-                "open it with the stored settings, or export/import it into a new index"
-            )
+        else:
+            advice = "open it with the stored settings, or export/import it into a new index"
+        raise PlanError(f"index at {self.path} is incompatible with the requested {', '.join(problems)}; {advice}")
 
     def _db(self, name: str, **flags: Any) -> Any:
         try:
@@ -1146,10 +1145,8 @@ class SegmentIndex:
         if not len(keys):
             return keys, values
         starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-        sizes = np.diff(np.append(starts, len(keys)))
         held = self._rows_held(txn, table, keys[starts])
-        rank = np.arange(len(keys)) - np.repeat(starts, sizes)
-        room = rank + np.repeat(held, sizes) < self.key_capacity
+        room = run_ranks(starts, len(keys)) + np.repeat(held, np.diff(np.append(starts, len(keys)))) < self.key_capacity
         return keys[room], values[room]
 
     def _rows_held(self, txn: Any, table: int, unique_keys: np.ndarray) -> np.ndarray:
