@@ -2,12 +2,17 @@
 
 No Kafka here: the caller passes the value bytes, a default id (the service uses topic-partition-offset) and a
 default event time (the service uses the record timestamp).
+
+No record raises: whatever fails for one value (a number too long for Python, a time past any float) makes a
+dead letter naming the error's class. Event times more than ``max_future_seconds`` ahead of the wall clock
+are clamped to that bound, so a burst of bad stamps cannot move the index's expiry clock.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time as wallclock
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,6 +22,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from .names import (
+    DEAD_LETTER_DECODE_ERROR,
     DEAD_LETTER_EMPTY_TEXT,
     DEAD_LETTER_INVALID_JSON,
     DEAD_LETTER_MISSING_FIELD,
@@ -46,11 +52,19 @@ class Document(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """A record that cannot become a Document: ``reason`` is one of names.DEAD_LETTER_REASONS, ``detail`` a
-    readable explanation for that record alone, ``id`` the id it would have had by default."""
+    readable explanation for that record alone, ``id`` the id it would have had by default, ``error`` the class
+    of the exception it raised (None when it was refused without one)."""
 
     reason: str
     detail: str
     id: str
+    error: str | None = None
+
+    @classmethod
+    def raised(cls, reason: str, what: str, error: BaseException, default_id: str) -> DeadLetter:
+        """The dead letter of a record whose processing raised ``error``."""
+        name = type(error).__name__
+        return cls(reason, f"{what}: {name}: {error}", default_id, name)
 
 
 class DocumentDecoder:
@@ -64,6 +78,9 @@ class DocumentDecoder:
         # Read once here: this runs per record.
         self._json = settings.format == "json"
         self._max_bytes = settings.max_message_bytes
+        self._max_future = settings.max_future_seconds
+        self.clamped_times = 0
+        """Event times clamped to ``max_future_seconds`` ahead of the wall clock, since this decoder was made."""
         # The batch path reads top-level fields only, and leaves event times to the record path.
         self._top_level = (
             self._json
@@ -86,13 +103,23 @@ class DocumentDecoder:
         origins = [None] * len(values) if origins is None else origins
         if not len(values) == len(default_ids) == len(timestamps) == len(origins):
             raise ValueError("values, default_ids, timestamps and origins must be of one length")
-        documents = self._documents(values, default_ids, timestamps, origins) if self._top_level else None
+        latest = wallclock.time() + self._max_future
+        if self._time_path is None and timestamps and max(timestamps) > latest:
+            timestamps = self._clamped(timestamps, latest)
+        try:
+            documents = self._documents(values, default_ids, timestamps, origins) if self._top_level else None
+        except Exception:
+            documents = None  # the record path finds the value that made it raise, and dead-letters it alone
         if documents is not None:
             return documents
         return [
-            self.decode(value, default_id=default_id, timestamp=timestamp, origin=origin)
+            self._decode(value, default_id, timestamp, origin, latest)
             for value, default_id, timestamp, origin in zip(values, default_ids, timestamps, origins, strict=True)
         ]
+
+    def _clamped(self, timestamps: Sequence[float], latest: float) -> list[float]:
+        self.clamped_times += sum(stamp > latest for stamp in timestamps)
+        return [min(stamp, latest) for stamp in timestamps]
 
     def _documents(
         self,
@@ -134,6 +161,22 @@ class DocumentDecoder:
         self, value: bytes | None, *, default_id: str, timestamp: float, origin: tuple[str, int, int] | None = None
     ) -> Document | DeadLetter:
         """A Document (with this ``origin``), or a DeadLetter for this value alone; never raises for bad input."""
+        latest = wallclock.time() + self._max_future
+        if self._time_path is None and timestamp > latest:
+            (timestamp,) = self._clamped([timestamp], latest)
+        return self._decode(value, default_id, timestamp, origin, latest)
+
+    def _decode(
+        self, value: bytes | None, default_id: str, timestamp: float, origin: tuple[str, int, int] | None, latest: float
+    ) -> Document | DeadLetter:
+        try:
+            return self._read(value, default_id, timestamp, origin, latest)
+        except Exception as exc:
+            return DeadLetter.raised(DEAD_LETTER_DECODE_ERROR, "could not read the record", exc, default_id)
+
+    def _read(
+        self, value: bytes | None, default_id: str, timestamp: float, origin: tuple[str, int, int] | None, latest: float
+    ) -> Document | DeadLetter:
         if value is None:
             return DeadLetter(DEAD_LETTER_NULL_VALUE, "the record has no value (null / tombstone)", default_id)
         if len(value) > self._max_bytes:
@@ -145,7 +188,7 @@ class DocumentDecoder:
         if self._json:
             record = _fast_json(value)
             if record is not None:
-                fast = self._from_json(record, default_id, timestamp, origin, floats_exact=False)
+                fast = self._from_json(record, default_id, timestamp, origin, latest, floats_exact=False)
                 if fast is not None:
                     return fast
         try:
@@ -164,7 +207,7 @@ class DocumentDecoder:
             return DeadLetter(
                 DEAD_LETTER_INVALID_JSON, f"expected a JSON object, got {type(record).__name__}", default_id
             )
-        document = self._from_json(record, default_id, timestamp, origin)
+        document = self._from_json(record, default_id, timestamp, origin, latest)
         assert document is not None
         return document
 
@@ -174,6 +217,7 @@ class DocumentDecoder:
         default_id: str,
         timestamp: float,
         origin: tuple[str, int, int] | None,
+        latest: float,
         *,
         floats_exact: bool = True,
     ) -> Document | DeadLetter | None:
@@ -213,6 +257,9 @@ class DocumentDecoder:
                     f"no event time (epoch seconds or ISO 8601) at field {self.settings.time_field!r}",
                     default_id,
                 )
+            if time > latest:
+                self.clamped_times += 1
+                time = latest
             timestamp = time
         text = parts[0] if len(parts) == 1 else self.settings.text_separator.join(parts)
         return self._document(doc_id, text, timestamp, default_id, origin)

@@ -187,6 +187,11 @@ class ServiceMetrics:
             ["reason"],
             **common,
         )
+        self.event_times_clamped = Counter(
+            "event_times_clamped",
+            "Event times further ahead of the wall clock than input.max_future_seconds, clamped to that bound.",
+            **common,
+        )
         self.stage_duration = {
             stage: Histogram(f"{stage.value}_duration_seconds", _STAGE_HELP[stage], buckets=DURATION_BUCKETS, **common)
             for stage in Stage
@@ -276,6 +281,11 @@ class ServiceMetrics:
         """Count a batch of dead letters, ``{reason: count}``."""
         _check_known("dead-letter reason", per_reason, self._dead_letter_reasons)
         _add(self.messages_dead_lettered, "reason", per_reason)
+
+    def record_clamped_times(self, count: int) -> None:
+        """Count a batch's event times clamped to ``input.max_future_seconds`` ahead of the wall clock."""
+        if count:
+            self.event_times_clamped.inc(count)
 
     def record_dropped(self, per_reason: Mapping[str, int], distances: npt.ArrayLike = ()) -> None:
         """Count a batch of duplicates, ``{reason: count}``, and their nearest-match distances."""

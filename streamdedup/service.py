@@ -512,12 +512,14 @@ class DedupService(Lifecycle):
         """Decode a fetched batch and hand its texts to the signing workers; nothing is decided yet."""
         started = time.perf_counter()
         origins = [(record.topic, record.partition, record.offset) for record in records]
+        clamped = self._decoder.clamped_times
         decoded = self._decoder.decode_many(
             [record.value for record in records],
             default_ids=[f"{topic}-{partition}-{offset}" for topic, partition, offset in origins],
             timestamps=[record.timestamp / 1000.0 for record in records],
             origins=origins,
         )
+        self.metrics.record_clamped_times(self._decoder.clamped_times - clamped)
         documents = [item for item in decoded if type(item) is Document]
         # Plain tuples per record (a TopicPartition is several times dearer to build), one per partition after.
         last_offsets = {(record.topic, record.partition): record.offset for record in records}

@@ -181,6 +181,10 @@ class InputSettings(Section):
     id_field: str | None = None
     time_field: str | None = None
     max_message_bytes: int = Field(default=1_000_000, ge=1)
+    # Event times (time_field, else the record timestamp) later than this far ahead of the wall clock are clamped
+    # to it and counted: stamps in milliseconds, or a producer clock years off, would otherwise move the index's
+    # expiry clock and expire what it holds. Below index.max_age_seconds, so a clamped burst expires nothing current.
+    max_future_seconds: float = Field(default=300.0, ge=0)
 
 
 class KafkaSecuritySettings(Section):
@@ -252,6 +256,16 @@ class Settings(BaseSettings):
     input: InputSettings = InputSettings()
     kafka: KafkaSettings = KafkaSettings()
 
+    @model_validator(mode="after")
+    def _future_within_max_age(self) -> Settings:
+        max_age = self.index.max_age_seconds
+        if max_age is not None and self.input.max_future_seconds >= max_age:
+            raise ValueError(
+                f"input.max_future_seconds ({self.input.max_future_seconds:g}) must be less than "
+                f"index.max_age_seconds ({max_age:g}): a burst of times clamped that far ahead would expire the index"
+            )
+        return self
+
     def detached(self) -> Settings:
         """The same values in a plain ``Settings``, which pickles (for worker processes): the class
         ``load_settings`` makes per file does not, and nothing is read again from files or the environment."""
@@ -293,5 +307,5 @@ def _describe(exc: ValidationError) -> str:
         key = ".".join(str(part) for part in error["loc"])
         allowed = error.get("ctx", {}).get("expected")
         hint = f" (allowed: {allowed})" if allowed else ""
-        lines.append(f"{key}: {error['msg']}{hint}")
+        lines.append(f"{key}: {error['msg']}{hint}" if key else f"{error['msg']}{hint}")
     return "invalid configuration: " + "; ".join(lines)

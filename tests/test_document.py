@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from hypothesis import given
@@ -203,3 +204,50 @@ _RECORDS = st.one_of(
 def test_decode_many_gives_what_decode_gives_each_value(values: list[bytes | None], settings: dict[str, object]) -> None:
     many, each = decode_both(values, InputSettings(**settings))
     assert many == each
+
+
+@pytest.mark.parametrize(
+    ("value", "settings", "error"),
+    [
+        # Valid JSON whose integer Python will not read (over 4300 digits).
+        (b'{"text": "a", "n": ' + b"9" * 5000 + b"}", {}, "ValueError"),
+        (b'{"text": ' + b"9" * 5000 + b"}", {}, "ValueError"),
+        # A time no float holds.
+        (b'{"text": "a", "ts": ' + b"9" * 400 + b"}", {"time_field": "ts"}, "OverflowError"),
+    ],
+)
+def test_a_record_that_raises_is_dead_lettered_with_the_error_class_alone(
+    value: bytes, settings: dict[str, object], error: str
+) -> None:
+    values = [b'{"text": "before", "ts": 1}', value, b'{"text": "after", "ts": 2}']
+    many, each = decode_both(values, InputSettings(**settings))
+    assert many == each
+    assert [type(item).__name__ for item in many] == ["Document", "DeadLetter", "Document"]
+    letter = many[1]
+    assert isinstance(letter, DeadLetter)
+    assert (letter.reason, letter.error, letter.id) == ("decode_error", error, "t-0-1")
+    assert letter.detail.startswith(f"could not read the record: {error}: ")
+
+
+def test_event_times_far_ahead_of_the_wall_clock_are_clamped_and_counted() -> None:
+    now = time.time()
+    decoder = DocumentDecoder(InputSettings(time_field="ts", max_future_seconds=60))
+    values = [json.dumps({"text": "x", "ts": stamp}).encode() for stamp in (now, now + 30, now * 1000, now + 3600)]
+    docs = decoder.decode_many(values, default_ids=["a", "b", "c", "d"], timestamps=[0.0] * 4)
+    times = [doc.time for doc in docs if isinstance(doc, Document)]
+    assert times[:2] == [now, now + 30]
+    assert all(now + 60 <= stamp < time.time() + 60.1 for stamp in times[2:])
+    assert decoder.clamped_times == 2
+
+
+def test_record_timestamps_far_ahead_of_the_wall_clock_are_clamped_and_counted() -> None:
+    now = time.time()
+    decoder = DocumentDecoder(InputSettings(max_future_seconds=0))
+    values = [b'{"text": "x"}', b'{"text": "y"}', b"\xff"]
+    docs = decoder.decode_many(values, default_ids=["a", "b", "c"], timestamps=[now - 5, now * 1000, now * 1000])
+    assert docs[0] == Document("a", "x", now - 5)
+    assert isinstance(docs[1], Document) and now <= docs[1].time <= time.time()
+    assert decoder.clamped_times == 2
+    single = decoder.decode(b'{"text": "z"}', default_id="d", timestamp=now * 1000)
+    assert isinstance(single, Document) and single.time <= time.time()
+    assert decoder.clamped_times == 3

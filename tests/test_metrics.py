@@ -36,6 +36,7 @@ EXPECTED_FAMILIES = {
     "streamdedup_messages_published": ("counter", {"topic"}),
     "streamdedup_messages_dropped": ("counter", {"reason"}),
     "streamdedup_messages_dead_lettered": ("counter", {"reason"}),
+    "streamdedup_event_times_clamped": ("counter", set()),
     "streamdedup_batch_duration_seconds": ("histogram", set()),
     "streamdedup_fingerprint_duration_seconds": ("histogram", set()),
     "streamdedup_index_lookup_duration_seconds": ("histogram", set()),

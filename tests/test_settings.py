@@ -61,3 +61,16 @@ def test_unknown_keys_are_rejected(tmp_path: Path) -> None:
     path.write_text("fingerprint:\n  widht: 128\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"fingerprint\.widht"):
         load_settings(path)
+
+
+def test_max_future_seconds_must_stay_below_max_age(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings(CONFIG).input.max_future_seconds == 300
+    monkeypatch.setenv("STREAMDEDUP_INPUT__MAX_FUTURE_SECONDS", "-1")
+    with pytest.raises(ConfigError, match=r"input\.max_future_seconds"):
+        load_settings(CONFIG)
+    monkeypatch.setenv("STREAMDEDUP_INPUT__MAX_FUTURE_SECONDS", "3600")
+    monkeypatch.setenv("STREAMDEDUP_INDEX__MAX_AGE_SECONDS", "3600")
+    with pytest.raises(ConfigError, match=r"^invalid configuration: Value error, input\.max_future_seconds \(3600\) must be less"):
+        load_settings(CONFIG)
+    monkeypatch.setenv("STREAMDEDUP_INDEX__MAX_AGE_SECONDS", "3601")
+    assert load_settings(CONFIG).input.max_future_seconds == 3600
