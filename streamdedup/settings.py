@@ -223,7 +223,8 @@ class KafkaSettings(Section):
     dead_letter_topic: str = DEFAULT_DEAD_LETTER_TOPIC
     create_topics: bool = True
     topic_partitions: int = Field(default=1, ge=1)
-    topic_replication_factor: int = Field(default=1, ge=1)
+    # None: the cluster's default.replication.factor, so a real cluster's topics are replicated as it chose.
+    topic_replication_factor: int | None = Field(default=None, ge=1)
     batch_max_records: int = Field(default=1000, ge=1)
     batch_timeout_ms: int = Field(default=100, ge=0)
     fetch_max_bytes: int = Field(default=52_428_800, ge=1024)

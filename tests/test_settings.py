@@ -4,9 +4,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from streamdedup.fingerprint import Fingerprinter
-from streamdedup.settings import ConfigError, FeatureSettings, FingerprintSettings, NormalizeSettings, load_settings
+from streamdedup.settings import (
+    ConfigError,
+    FeatureSettings,
+    FingerprintSettings,
+    KafkaSettings,
+    NormalizeSettings,
+    load_settings,
+)
 
 CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
 
@@ -74,3 +82,14 @@ def test_max_future_seconds_must_stay_below_max_age(monkeypatch: pytest.MonkeyPa
         load_settings(CONFIG)
     monkeypatch.setenv("STREAMDEDUP_INDEX__MAX_AGE_SECONDS", "3601")
     assert load_settings(CONFIG).input.max_future_seconds == 3600
+
+
+def test_config_yaml_kafka_section_equals_the_defaults() -> None:
+    assert load_settings(CONFIG).kafka == KafkaSettings()
+
+
+def test_topics_are_replicated_as_the_cluster_chooses_unless_set() -> None:
+    assert KafkaSettings().topic_replication_factor is None
+    assert KafkaSettings(topic_replication_factor=3).topic_replication_factor == 3
+    with pytest.raises(ValidationError):
+        KafkaSettings(topic_replication_factor=0)

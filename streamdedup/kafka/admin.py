@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, NoError, TopicAlreadyExistsError, for_code
 
 __all__ = ["admin_client", "ensure_topics", "partition_counts", "wait_for_group_coordinator"]
 
@@ -36,23 +36,43 @@ async def partition_counts(admin: AIOKafkaAdminClient, topics: Iterable[str]) ->
 
 
 async def ensure_topics(
-    admin: AIOKafkaAdminClient, topics: Mapping[str, int], *, replication_factor: int = 1, timeout: float = 30.0
+    admin: AIOKafkaAdminClient,
+    topics: Mapping[str, int],
+    *,
+    replication_factor: int | None = None,
+    timeout: float = 30.0,
 ) -> None:
-    """Create the topics (name -> partitions) that do not exist yet and wait until each has its leaders."""
+    """Create the topics (name -> partitions) that do not exist yet and wait until each has its leaders.
+
+    ``replication_factor`` None leaves it to the cluster (its ``default.replication.factor``), so a topic
+    gets as many replicas as the operators chose for the cluster. A topic the cluster refuses to create
+    raises the cluster's error (``InvalidReplicationFactorError`` when it has fewer brokers than replicas).
+    """
     existing = await partition_counts(admin, topics)
     missing = [
-        NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)
+        _new_topic(name, partitions, replication_factor)
         for name, partitions in topics.items()
         if name not in existing
     ]
     if missing:
-        try:
-            await admin.create_topics(missing)
-        except TopicAlreadyExistsError:
-            pass  # another process created it between our look and our create
+        response = await admin.create_topics(missing)
+        for topic, code, *message in response.topic_errors:
+            error = for_code(code)
+            # Already existing: another process created it between our look and our create.
+            if error is not NoError and error is not TopicAlreadyExistsError:
+                raise error(f"cannot create topic {topic}: {message[0] if message else error.message}")
     async with asyncio.timeout(timeout):
         while len(await partition_counts(admin, topics)) < len(topics):
             await asyncio.sleep(0.1)
+
+
+def _new_topic(name: str, partitions: int, replication_factor: int | None) -> NewTopic:
+    if replication_factor is not None:
+        return NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)
+    # -1 asks the broker for its default (KIP-464: Kafka 2.4+ brokers, whatever CreateTopics version aiokafka
+    # sends). aiokafka's NewTopic takes -1 only alongside replica assignments: an empty mapping passes its
+    # check and assigns nothing.
+    return NewTopic(name, num_partitions=partitions, replication_factor=-1, replica_assignments={})
 
 
 async def wait_for_group_coordinator(admin: AIOKafkaAdminClient, group_id: str, *, timeout: float = 30.0) -> int:
