@@ -12,7 +12,21 @@ import numpy as np
 
 from .plan import IndexPlan, fold, gather_bits, unpack_bits
 
-__all__ = ["TableKeys", "first_copies", "most_shared", "run_ranks", "table_keys", "table_rows"]
+__all__ = [
+    "LONE_SEGMENT_LIMIT",
+    "TableKeys",
+    "first_copies",
+    "most_shared",
+    "run_ranks",
+    "table_keys",
+    "table_rows",
+]
+
+LONE_SEGMENT_LIMIT = 20
+"""Under a candidate bound, a document keyed in at least this many segments verifies only candidates that
+share two or more of them. A copy at Jaccard 0.8 keeps each segment with a chance of about 0.8 ** 3 (a
+segment is its three features of least hash), so it keeps at most one of 20 about once in 70,000 copies;
+a candidate that shares one segment of 20 shares a common phrase."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,20 @@ class TableKeys:
     def unkeyed_zero(self) -> bool:
         """Segment plans leave an all-zero segment unkeyed: it stands for "too few features", not a value."""
         return self.plan.kind == "segments"
+
+    def keyed(self) -> np.ndarray:
+        """How many tables key each row (a segment plan leaves a segment of too few features unkeyed)."""
+        tables, n = self.keys.shape
+        if not self.unkeyed_zero:
+            return np.full(n, tables, dtype=np.int64)
+        return np.bincount(self.rows.ravel()[self.keys.ravel() != 0], minlength=n)
+
+    def well_shared(self, rows: np.ndarray, shared: np.ndarray) -> np.ndarray:
+        """Which candidates of ``rows`` that share ``shared`` tables with them are worth verifying (see
+        :data:`LONE_SEGMENT_LIMIT`)."""
+        if not self.unkeyed_zero:
+            return np.ones(len(rows), dtype=bool)
+        return (shared >= 2) | (self.keyed()[rows] < LONE_SEGMENT_LIMIT)
 
     def run_ends(self) -> np.ndarray:
         """(T, n) end (exclusive, within the table) of the run each position belongs to."""
@@ -73,9 +101,9 @@ class TableKeys:
         one of ``earlier_rows`` (a mask over the rows) when given. As the stored tables bound what a lookup
         finds: only the first ``key_capacity`` rows of a key's run are earlier sides through it, and each later
         row keeps its ``max_candidates`` earlier rows that share the most tables with it, and the first row of
-        each of its keys' runs. Only kept rows can match and the keys do not know which are kept: the first rows
-        of the runs are those most likely kept, where a burst of near copies of one kept text would otherwise
-        crowd it out of the most shared."""
+        each of its keys' runs, of those :meth:`well_shared`. Only kept rows can match and the keys do not know
+        which are kept: the first rows of the runs are those most likely kept, where a burst of near copies of
+        one kept text would otherwise crowd it out of the most shared."""
         n = len(self)
         none = np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
         rows = self.rows.ravel()
@@ -103,6 +131,7 @@ class TableKeys:
         if max_candidates is not None:
             chosen = np.isin(pairs, packed[rank[first] == 0])
             chosen[most_shared(later, earlier, shared, max_candidates)] = True
+            chosen &= self.well_shared(later, shared)
             earlier, later = earlier[chosen], later[chosen]
         distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
         near = distances <= self.plan.radius

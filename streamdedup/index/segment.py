@@ -734,6 +734,7 @@ class SegmentIndex:
         qi, named = qi[first].astype(np.int64), named[first]
         if max_candidates is not None and self._entry_valued:
             best = most_shared(qi, named, shared, max_candidates)
+            best = best[batch_keys.well_shared(qi[best], shared[best])]
             qi, named = qi[best], named[best]
         if self._entry_valued:
             rows_q, seqs = qi, named
@@ -878,7 +879,8 @@ class SegmentIndex:
         """All stored entries within the radius of each query, as flat arrays (see SearchResult). ``keys``: the
         queries' table keys, when already computed (``table_keys(index.plan, fps)``). ``max_candidates``: on an
         entry-valued index, each query's that many entries found through the most tables (the newest among
-        equals), so a query sharing hot keys with thousands of entries still reads a bounded number of them."""
+        equals) and :meth:`~TableKeys.well_shared`, so a query sharing hot keys with thousands of entries still
+        reads a bounded number of them."""
         fps = self._check_fps(fps)
         with self._read() as txn:
             return self._search(txn, fps, min_time, keys, max_candidates)[0]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from streamdedup.index import SegmentIndex, make_plan, table_keys
+from streamdedup.index.keys import LONE_SEGMENT_LIMIT
 from streamdedup.index.plan import IndexPlan, make_segment_plan
 from tests.index.test_segment import _clustered
 
@@ -15,6 +16,7 @@ PLANS = {
     "exact-64": make_plan(64, 3, 100_000),
     "sampled-256": make_plan(256, 40, 100_000),
     "segments-512": make_segment_plan(512, 16),
+    "segments-1024": make_segment_plan(1024, 32),
 }
 
 
@@ -75,12 +77,16 @@ def test_pairs_are_the_rows_within_the_radius_that_share_a_key(name: str) -> Non
     assert some_distances.tolist() == distance[some_earlier, some_later].tolist()
 
 
+@pytest.mark.parametrize("name", ["segments-512", "segments-1024"])
 @pytest.mark.parametrize(("capacity", "limit"), [(1, 1), (2, 5), (4, 3), (400, 2)])
-def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(capacity: int, limit: int) -> None:
+def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(
+    name: str, capacity: int, limit: int
+) -> None:
     # Brute force: a row is an earlier side through a table when it is among the first `capacity` rows of its
     # key there; each later row keeps the `limit` earlier rows sharing the most such tables, the latest first,
-    # and the first row of each of its keys.
-    plan = PLANS["segments-512"]
+    # and the first row of each of its keys; a row keyed in LONE_SEGMENT_LIMIT tables or more, only those
+    # sharing two tables or more.
+    plan = PLANS[name]
     rng = np.random.default_rng(13)
     fps = _fingerprints(plan, 300, rng)
     # Hot keys: many rows share a few segment values.
@@ -105,6 +111,10 @@ def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(
         expected.update((source, row) for source in ranked)
     assert len(expected) > 100 and not heads <= expected
     expected |= heads
+    keyed = (unsorted_keys != 0).sum(axis=0)
+    lone = {(source, row) for source, row in expected if shared[source, row] < 2 and keyed[row] >= LONE_SEGMENT_LIMIT}
+    assert bool(lone) == (len(plan.tables) >= LONE_SEGMENT_LIMIT)
+    expected -= lone
     assert set(zip(earlier.tolist(), later.tolist())) == expected
     assert np.bincount(later, minlength=len(fps)).max() <= limit + len(plan.tables)
     assert np.array_equal(np.lexsort((later, earlier)), np.arange(len(earlier)))

@@ -957,18 +957,21 @@ def _hot_stream(rng: np.random.Generator, n: int, segments: int, size: int) -> n
 
 
 @pytest.mark.parametrize("mirror_bytes", [256 << 20, 0])
+@pytest.mark.parametrize(("bits", "segments"), [(256, 8), (1024, 32)])
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), capacity=st.integers(1, 6), limit=st.integers(1, 12))
 def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifies_the_most_shared(
-    mirror_bytes: int, seed: int, capacity: int, limit: int
+    mirror_bytes: int, bits: int, segments: int, seed: int, capacity: int, limit: int
 ) -> None:
     # Brute force over the stream: an entry is posted under a key while fewer than `capacity` earlier entries
     # are; a query's candidates are the posted entries sharing a key with it, those sharing the most tables
-    # first, the newest among equals, at most `limit`.
+    # first, the newest among equals, at most `limit`; for a query keyed in LONE_SEGMENT_LIMIT tables or more,
+    # only those sharing two tables or more.
+    from streamdedup.index.keys import LONE_SEGMENT_LIMIT
     from streamdedup.index.plan import make_segment_plan
 
     rng = np.random.default_rng(seed)
-    bits, segments, size = 256, 8, 32
+    size = 32
     plan = make_segment_plan(bits, segments)
     batches = [_hot_stream(rng, int(rng.integers(1, 60)), segments, size) for _ in range(12)]
     stored = np.concatenate(batches)
@@ -993,8 +996,11 @@ def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifi
             found = index.search(queries, max_candidates=limit)
         qs = _segments(queries, size)
         shared = ((qs[:, None, :] == seg[None, :, :]) & (qs[:, None, :] != 0) & posted[None, :, :]).sum(axis=2)
+        keyed = (qs != 0).sum(axis=1)
         for row in range(len(queries)):
             sharing = np.flatnonzero(shared[row])
             expected = sorted(sharing.tolist(), key=lambda entry: (-shared[row, entry], -entry))[:limit]
+            if keyed[row] >= LONE_SEGMENT_LIMIT:
+                expected = [entry for entry in expected if shared[row, entry] >= 2]
             assert sorted(found.entries[found.rows == row].tolist()) == sorted(expected)
         assert np.bincount(found.rows, minlength=len(queries)).max() <= limit
