@@ -20,7 +20,6 @@ __all__ = [
     "DEFAULT_DUPLICATES_TOPIC",
     "DEFAULT_INPUT_TOPIC",
     "DEFAULT_OUTPUT_TOPIC",
-    "DEFAULT_TRANSACTIONAL_ID",
     "HEADER_DEAD_LETTER_ERROR",
     "HEADER_DEAD_LETTER_TRUNCATED",
     "HEADER_DEAD_LETTER_DETAIL",
@@ -62,13 +61,13 @@ HEADER_DEAD_LETTER_ERROR = "streamdedup-dead-letter-error"
 HEADER_DEAD_LETTER_TRUNCATED = "streamdedup-dead-letter-truncated"
 HEADER_SOURCE_OFFSET = "streamdedup-source-offset"
 
-# Kafka service: default topics, consumer group and transactional id (config.yaml kafka section).
+# Kafka service: default topics and consumer group (config.yaml kafka section; the transactional id
+# derives from the group).
 DEFAULT_INPUT_TOPIC = "streamdedup-input"
 DEFAULT_OUTPUT_TOPIC = "streamdedup-output"
 DEFAULT_DUPLICATES_TOPIC = "streamdedup-duplicates"
 DEFAULT_DEAD_LETTER_TOPIC = "streamdedup-dead-letters"
 DEFAULT_CONSUMER_GROUP = "streamdedup"
-DEFAULT_TRANSACTIONAL_ID = "streamdedup-1"
 
 # Why a record went to the dead-letter topic (value of HEADER_DEAD_LETTER_REASON and a metric label).
 DEAD_LETTER_INVALID_JSON = "invalid_json"

@@ -23,7 +23,6 @@ from .names import (
     DEFAULT_DEAD_LETTER_TOPIC,
     DEFAULT_INPUT_TOPIC,
     DEFAULT_OUTPUT_TOPIC,
-    DEFAULT_TRANSACTIONAL_ID,
 )
 
 __all__ = [
@@ -216,7 +215,8 @@ class KafkaSettings(Section):
     client_id: str = "streamdedup"
     group_id: str = DEFAULT_CONSUMER_GROUP
     group_instance_id: str | None = None
-    transactional_id: str = DEFAULT_TRANSACTIONAL_ID
+    # None: derived from the group (see ``producer_transactional_id``).
+    transactional_id: str | None = None
     input_topics: list[str] = Field(default_factory=lambda: [DEFAULT_INPUT_TOPIC], min_length=1)
     output_topic: str = DEFAULT_OUTPUT_TOPIC
     duplicates_topic: str | None = None
@@ -237,6 +237,20 @@ class KafkaSettings(Section):
     retry_backoff_seconds: float = Field(default=0.5, gt=0)
     retry_backoff_max_seconds: float = Field(default=30.0, gt=0)
     security: KafkaSecuritySettings = KafkaSecuritySettings()
+
+    @property
+    def producer_transactional_id(self) -> str:
+        """``transactional_id``, or by default the group id plus ``/`` and the instance id when set.
+
+        A producer starting under a transactional id fences every earlier one with that id. Deployments that
+        consume as different groups therefore never fence each other, while a restart (or a replacement) of
+        the same deployment fences the instance it replaces, however long that one was frozen.
+        """
+        if self.transactional_id is not None:
+            return self.transactional_id
+        if self.group_instance_id is None:
+            return self.group_id
+        return f"{self.group_id}/{self.group_instance_id}"
 
 
 class Settings(BaseSettings):

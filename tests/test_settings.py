@@ -93,3 +93,14 @@ def test_topics_are_replicated_as_the_cluster_chooses_unless_set() -> None:
     assert KafkaSettings(topic_replication_factor=3).topic_replication_factor == 3
     with pytest.raises(ValidationError):
         KafkaSettings(topic_replication_factor=0)
+
+
+def test_the_default_transactional_id_is_the_group_and_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert KafkaSettings().producer_transactional_id == KafkaSettings().group_id
+    assert KafkaSettings(group_id="orders").producer_transactional_id == "orders"
+    assert KafkaSettings(group_id="orders", group_instance_id="pod-0").producer_transactional_id == "orders/pod-0"
+    given = KafkaSettings(group_id="orders", group_instance_id="pod-0", transactional_id="tx")
+    assert given.producer_transactional_id == "tx"
+    # The environment's group, not the file's, names the producer.
+    monkeypatch.setenv("STREAMDEDUP_KAFKA__GROUP_ID", "invoices")
+    assert load_settings(CONFIG).kafka.producer_transactional_id == "invoices"

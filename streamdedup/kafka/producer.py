@@ -29,7 +29,7 @@ _STOP_TIMEOUT_SECONDS = 10.0
 
 
 class TransactionalProducer(Lifecycle):
-    """An idempotent, transactional ``AIOKafkaProducer`` under the settings' transactional id.
+    """An idempotent, transactional ``AIOKafkaProducer`` under ``KafkaSettings.producer_transactional_id``.
 
     Starting it fences any earlier producer with the same id and completes (aborts) its open transaction,
     so after ``start()`` the input offsets committed in Kafka are final.
@@ -44,7 +44,7 @@ class TransactionalProducer(Lifecycle):
             return
         s = self.settings
         producer = AIOKafkaProducer(
-            transactional_id=s.transactional_id,
+            transactional_id=s.producer_transactional_id,
             enable_idempotence=True,
             acks="all",
             linger_ms=s.linger_ms,

@@ -165,5 +165,7 @@ def test_each_pod_has_its_own_transactional_id_and_static_membership(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     settings = pod_settings(monkeypatch, tmp_path)
-    assert settings.kafka.transactional_id == POD_NAME
     assert settings.kafka.group_instance_id == POD_NAME
+    # Derived from the group as well as the pod: another deployment (its own group) never fences this one.
+    assert settings.kafka.transactional_id is None
+    assert settings.kafka.producer_transactional_id == f"{settings.kafka.group_id}/{POD_NAME}"
