@@ -169,3 +169,7 @@ def test_each_pod_has_its_own_transactional_id_and_static_membership(
     # Derived from the group as well as the pod: another deployment (its own group) never fences this one.
     assert settings.kafka.transactional_id is None
     assert settings.kafka.producer_transactional_id == f"{settings.kafka.group_id}/{POD_NAME}"
+
+
+def test_the_topics_the_service_creates_have_three_replicas(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert pod_settings(monkeypatch, tmp_path).kafka.topic_replication_factor == 3
