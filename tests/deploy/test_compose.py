@@ -12,6 +12,7 @@ from tests.deploy.support import DEPLOY, REPO, dockerfile_env, dockerfile_instru
 
 COMPOSE = load_yaml(DEPLOY / "docker-compose.yml")
 SERVICES: dict[str, Any] = COMPOSE["services"]
+LOOPBACK = "127.0.0.1"
 
 
 def volume_mounts(service: dict[str, Any]) -> dict[str, str]:
@@ -67,12 +68,15 @@ def test_kafka_is_the_official_image_in_kraft_mode_at_the_tested_version() -> No
     assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == 1
     assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 1
     assert env["KAFKA_LOG_DIRS"] in volume_mounts(kafka)
-    advertised = dict(
-        re.fullmatch(r"(\w+)://([\w.-]+):(\d+)", item).groups()[0::2]
-        for item in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
-    )
-    published = {port.split(":")[1] for port in kafka["ports"]}
-    assert {port for name, port in advertised.items() if name != env["KAFKA_INTER_BROKER_LISTENER_NAME"]} <= published
+    advertised = {
+        name: (host, port)
+        for name, host, port in (
+            re.fullmatch(r"(\w+)://([\w.-]+):(\d+)", item).groups() for item in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+        )
+    }
+    published = {tuple(port.split(":")[:2]) for port in kafka["ports"]}
+    external = {address for name, address in advertised.items() if name != env["KAFKA_INTER_BROKER_LISTENER_NAME"]}
+    assert external <= published
 
 
 def test_streamdedup_reaches_kafka_on_its_internal_listener(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -102,7 +106,7 @@ def test_streamdedup_image_index_and_port(monkeypatch: pytest.MonkeyPatch, tmp_p
     settings = service_settings(monkeypatch, tmp_path)
     mounts = volume_mounts(service)
     assert any(settings.index.path.is_relative_to(target) for target in mounts), "the index is not on a volume"
-    assert f"{settings.metrics.port}:{settings.metrics.port}" in service["ports"]
+    assert f"{LOOPBACK}:{settings.metrics.port}:{settings.metrics.port}" in service["ports"]
     target = load_yaml(DEPLOY / "prometheus" / "prometheus.yml")["scrape_configs"][0]["static_configs"][0]["targets"][0]
     assert target == f"streamdedup:{settings.metrics.port}"
     # Long enough to finish and commit the batch in flight after SIGTERM.
@@ -118,3 +122,33 @@ def test_prometheus_loads_the_mounted_config() -> None:
     assert (DEPLOY / source / config_path.name).is_file()
     storage = next(flag for flag in prometheus["command"] if flag.startswith("--storage.tsdb.path="))
     assert storage.split("=", 1)[1] in mounts
+
+
+def test_every_port_is_published_on_the_loopback_only() -> None:
+    published = {name: service["ports"] for name, service in SERVICES.items() if "ports" in service}
+    assert set(published) == {"kafka", "streamdedup", "prometheus", "grafana"}
+    for name, ports in published.items():
+        for port in ports:
+            # host address:host port:container port; two parts would bind every interface of the host.
+            address, host_port, container_port = port.split(":")
+            assert address == LOOPBACK, (name, port)
+            assert host_port.isdigit() and container_port.isdigit(), (name, port)
+
+
+def test_grafanas_admin_password_comes_from_the_environment_and_is_required() -> None:
+    environment = SERVICES["grafana"]["environment"]
+    # ${VAR:?message}: compose stops with the message when the variable is unset or empty.
+    reference = re.fullmatch(r"\$\{(\w+):\?(.+)\}", environment["GF_SECURITY_ADMIN_PASSWORD"])
+    assert reference is not None, environment["GF_SECURITY_ADMIN_PASSWORD"]
+    variable = reference.group(1)
+    assert variable in reference.group(2)
+    # The file says how to set it.
+    comments = [line for line in (DEPLOY / "docker-compose.yml").read_text().splitlines() if line.startswith("#")]
+    assert any(f"{variable}=" in line for line in comments)
+    assert not any("admin/admin" in line for line in comments)
+
+
+def test_prometheus_lifecycle_and_admin_apis_are_off() -> None:
+    flags = [flag.partition("=")[0] for flag in SERVICES["prometheus"]["command"]]
+    assert "--web.enable-lifecycle" not in flags
+    assert "--web.enable-admin-api" not in flags
