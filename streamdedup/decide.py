@@ -28,7 +28,9 @@ __all__ = ["BatchTimings", "Deduplicator", "Verdict", "Verdicts"]
 
 log = logging.getLogger(__name__)
 
-Reason = Literal["novel", "exact", "near", "unindexable"]
+# "redelivered": the id of an earlier kept document from another origin (an upstream redelivery), whatever
+# its text.
+Reason = Literal["novel", "exact", "near", "redelivered", "unindexable"]
 
 # What no single document is to blame for: such errors fail the batch, whose documents then wait for a retry.
 _BATCH_ERRORS = (*STORAGE_ERRORS, MemoryError)
@@ -229,20 +231,26 @@ class Deduplicator:
         times = np.fromiter((doc.time for doc in docs), dtype=np.float64, count=len(docs))
         indexable = signatures.indexable
         ids = [doc.id for doc in docs]
+        origins = [doc.origin for doc in docs]
         fingerprinted = time.perf_counter()
 
-        stored, stored_candidates = self._stored_matches(ids, fps, times, sketches, indexable, keys)
+        redelivered = self._stored_redeliveries(ids, origins, fps, times, sketches)
+        stored, stored_candidates = self._stored_matches(ids, origins, fps, times, sketches, indexable, keys)
         self.last_candidates = stored_candidates + np.bincount(pairs.later, minlength=len(docs))
+        # An id settles what it names, whatever a text's nearest match.
+        stored.update(redelivered)
+        repeats = self._repeated_ids(ids, fps, sketches, indexable)
         matches = dict(stored)
-        self._resolve_within_batch(ids, times, pairs, matches)
+        by_id = set(redelivered) | self._resolve_within_batch(ids, times, pairs, matches, repeats)
         if pairs.copies is not None and self._kept_later_copy(indexable, pairs.copies, matches):
             # Only first copies were candidates, which is exact while no later copy is kept: here one is.
             matches = dict(stored)
-            self._resolve_within_batch(ids, times, self.signer.keyed(signatures, every_pair=True).pairs, matches)
+            every_pair = self.signer.keyed(signatures, every_pair=True).pairs
+            by_id = set(redelivered) | self._resolve_within_batch(ids, times, every_pair, matches, repeats)
 
         duplicate = np.zeros(len(docs), dtype=bool)
         duplicate[list(matches)] = True
-        verdicts = self._verdicts(fps, indexable, duplicate, matches, signatures.errors)
+        verdicts = self._verdicts(fps, indexable, duplicate, matches, by_id, signatures.errors)
 
         looked_up = time.perf_counter()
         keep = np.flatnonzero(indexable & ~duplicate)
@@ -264,6 +272,7 @@ class Deduplicator:
         indexable: np.ndarray,
         duplicate: np.ndarray,
         matches: dict[int, tuple[str, int, float]],
+        by_id: set[int],
         errors: tuple[str | None, ...],
     ) -> Verdicts:
         """The batch's verdicts: a Python step only for the duplicates and the rows that cannot be indexed."""
@@ -276,7 +285,7 @@ class Deduplicator:
             reasons[row] = "unindexable"
         for row, (match_id, distance, jaccard) in matches.items():
             exact = distance == 0 and (not self._verify or jaccard >= 1.0)
-            reasons[row] = "exact" if exact else "near"
+            reasons[row] = "redelivered" if row in by_id else "exact" if exact else "near"
             match_ids[row], distances[row], jaccards[row] = match_id, distance, jaccard
         return Verdicts(~duplicate, reasons, fps, match_ids, distances, jaccards, tuple(errors))
 
@@ -297,16 +306,67 @@ class Deduplicator:
         jaccard: np.ndarray,
         candidate_times: np.ndarray,
         row_times: np.ndarray,
+        by_id: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Indices of the acceptable (row, candidate) pairs, best first within each row: nearest, then most
-        overlapping, then earliest candidate."""
+        """Indices of the acceptable (row, candidate) pairs, best first within each row: a candidate of the
+        same id (``by_id``, accepted whatever its overlap), then nearest, then most overlapping, then earliest."""
+        accepted = self._accepts(jaccard)
+        if by_id is not None:
+            accepted |= by_id
         # Most candidates fail: sorting only those that pass costs a fraction of sorting them all.
-        ok = np.flatnonzero(self._fresh(candidate_times, row_times) & self._accepts(jaccard))
-        return ok[np.lexsort((candidates[ok], -jaccard[ok], distances[ok], rows[ok]))]
+        ok = np.flatnonzero(self._fresh(candidate_times, row_times) & accepted)
+        same_id = np.zeros(len(ok), dtype=bool) if by_id is None else by_id[ok]
+        return ok[np.lexsort((candidates[ok], -jaccard[ok], distances[ok], ~same_id, rows[ok]))]
+
+    def _stored_redeliveries(
+        self,
+        ids: list[str],
+        origins: list[tuple[str, int, int] | None],
+        fps: np.ndarray,
+        times: np.ndarray,
+        sketches: np.ndarray,
+    ) -> dict[int, tuple[str, int, float]]:
+        """Rows carrying the id of a fresh stored document from another origin: an upstream redelivery,
+        whatever its text. From the same origin it is a replay of that very record (see ``_stored_matches``)."""
+        rows, records = self.index.entries_with_ids(ids)
+        if not len(rows):
+            return {}
+        other = np.fromiter(
+            (origins[row] is None or origins[row] != records.origin(i) for i, row in enumerate(rows.tolist())),
+            dtype=bool,
+            count=len(rows),
+        )
+        slots = np.flatnonzero(other & self._fresh(records.times, times[rows]))
+        rows = rows[slots]
+        distances = np.bitwise_count(records.fingerprints[slots] ^ fps[rows]).sum(axis=1)
+        jaccard = self.sketcher.jaccard(sketches[rows], records.payloads[slots].view(SKETCH_DTYPE))
+        return {
+            row: (ids[row], distance, similarity)
+            for row, distance, similarity in zip(rows.tolist(), distances.tolist(), jaccard.tolist(), strict=True)
+        }
+
+    def _repeated_ids(self, ids: list[str], fps: np.ndarray, sketches: np.ndarray, indexable: np.ndarray) -> BatchPairs:
+        """Every (earlier, later) pair of rows of one id in the batch, the earlier one indexable (it can be kept
+        and stored), with their distance and Jaccard estimate."""
+        earlier: list[int] = []
+        later: list[int] = []
+        if len(set(ids)) < len(ids):
+            # Repeated ids are rare: only then a step per row.
+            seen: dict[str, list[int]] = {}
+            for row, doc_id in enumerate(ids):
+                before = seen.setdefault(doc_id, [])
+                earlier.extend(before)
+                later.extend([row] * len(before))
+                if indexable[row]:
+                    before.append(row)
+        first, then = np.asarray(earlier, dtype=np.intp), np.asarray(later, dtype=np.intp)
+        distances = np.bitwise_count(fps[first] ^ fps[then]).sum(axis=1).astype(np.int64)
+        return BatchPairs(first, then, distances, self.sketcher.jaccard(sketches[then], sketches[first]))
 
     def _stored_matches(
         self,
         ids: list[str],
+        origins: list[tuple[str, int, int] | None],
         fps: np.ndarray,
         times: np.ndarray,
         sketches: np.ndarray,
@@ -327,8 +387,12 @@ class Deduplicator:
         stored_sketches = records.payloads.view(SKETCH_DTYPE)
         jaccard = self.sketcher.jaccard(sketches[query], stored_sketches)
         order = self._ranked(query, found.entries, found.distances, jaccard, records.times, times[query])
-        # A replayed document is not its own duplicate.
-        replayed = np.fromiter((records.ids[i] == ids[query[i]] for i in order.tolist()), dtype=bool, count=len(order))
+        # A replayed record (the same origin) is not its own duplicate.
+        replayed = np.fromiter(
+            (origins[query[i]] is not None and records.origin(i) == origins[query[i]] for i in order.tolist()),
+            dtype=bool,
+            count=len(order),
+        )
         order = order[~replayed]
         first = order[np.unique(query[order], return_index=True)[1]]
         matches = {int(query[i]): (records.ids[i], int(found.distances[i]), float(jaccard[i])) for i in first.tolist()}
@@ -342,16 +406,29 @@ class Deduplicator:
         return bool(unmatched.any())
 
     def _resolve_within_batch(
-        self, ids: list[str], times: np.ndarray, pairs: BatchPairs, matches: dict[int, tuple[str, int, float]]
-    ) -> None:
-        """Match documents against earlier *kept* documents of the same batch, in stream order."""
-        earlier, later, distances, jaccard = pairs.earlier, pairs.later, pairs.distances, pairs.jaccard
+        self,
+        ids: list[str],
+        times: np.ndarray,
+        pairs: BatchPairs,
+        matches: dict[int, tuple[str, int, float]],
+        repeats: BatchPairs,
+    ) -> set[int]:
+        """Match documents against earlier *kept* documents of the same batch, in stream order: those of the
+        same id (``repeats``) first, then the near ones. Returns the rows matched by id."""
+        earlier, later = np.concatenate([repeats.earlier, pairs.earlier]), np.concatenate([repeats.later, pairs.later])
         if not len(earlier):
-            return
-        order = self._ranked(later, earlier, distances, jaccard, times[earlier], times[later])
+            return set()
+        distances = np.concatenate([repeats.distances, pairs.distances])
+        jaccard = np.concatenate([repeats.jaccard, pairs.jaccard])
+        by_id = np.arange(len(earlier)) < len(repeats.earlier)
+        order = self._ranked(later, earlier, distances, jaccard, times[earlier], times[later], by_id)
+        matched_by_id: set[int] = set()
         # Only documents with an in-batch candidate reach this loop; each decision needs the earlier ones.
         for i in order.tolist():
             row, candidate = int(later[i]), int(earlier[i])
             if row in matches or candidate in matches:
                 continue
             matches[row] = (ids[candidate], int(distances[i]), float(jaccard[i]))
+            if by_id[i]:
+                matched_by_id.add(row)
+        return matched_by_id

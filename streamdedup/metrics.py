@@ -44,7 +44,7 @@ __all__ = [
 
 NAMESPACE = METRIC_PREFIX.rstrip("_")
 
-DROP_REASONS = ("exact", "near")
+DROP_REASONS = ("exact", "near", "redelivered")
 TRANSACTION_RESULTS = ("committed", "aborted")
 # The service's worker processes: the signing workers and the decision process.
 WORKER_KINDS = ("signer", "decision")

@@ -177,6 +177,8 @@ class InputSettings(Section):
     format: Literal["json", "text"] = "json"
     text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1)
     text_separator: str = "\n"
+    # A record carrying the id of a kept document from another origin (topic, partition, offset) is an upstream
+    # redelivery: dropped as "redelivered", whatever its text. From the same origin it is a replay of that record.
     id_field: str | None = None
     time_field: str | None = None
     max_message_bytes: int = Field(default=1_000_000, ge=1)

@@ -111,6 +111,53 @@ def test_replayed_document_is_not_its_own_duplicate(settings: Settings, tmp_path
         assert index.source_offsets() == {("t", 0): 6}
 
 
+def test_an_id_from_another_origin_is_a_redelivery_whatever_its_text(settings: Settings, tmp_path: Path) -> None:
+    other = "an entirely different sentence about databases, transactions and the weather in spring"
+    with open_index(settings, tmp_path / "idx") as index:
+        dedup = Deduplicator(settings, index)
+        assert dedup.decide([Document("a", BASE, 0.0, ("t", 0, 5))])[0].novel
+        # The same record again (a replay after a rollback that kept it) is decided by its text alone.
+        replay = dedup.decide([Document("a", BASE, 0.0, ("t", 0, 5))])[0]
+        assert replay.novel
+        # The same id from another partition, even with another text, is the upstream sending it again.
+        again = dedup.decide([Document("a", other, 1.0, ("t", 1, 9)), Document("b", other, 1.0, ("t", 1, 10))])
+        assert [(v.novel, v.reason, v.match_id) for v in again] == [(False, "redelivered", "a"), (True, "novel", None)]
+        assert again[0].jaccard is not None and again[0].jaccard < 0.2
+        # Without an origin (the offline mode's lines), a stored id is never the same record.
+        assert dedup.decide([Document("b", BASE + " again", 2.0, None)])[0].reason == "redelivered"
+
+
+def test_an_expired_id_is_not_a_redelivery(settings: Settings, tmp_path: Path) -> None:
+    later = settings.index.max_age_seconds + 10.0
+    other = "an entirely different sentence about databases, transactions and the weather in spring"
+    verdicts = run(settings, tmp_path / "idx", [[Document("a", BASE, 0.0, None)], [Document("a", other, later, None)]])
+    assert [(v.novel, v.reason) for v in verdicts] == [(True, "novel"), (True, "novel")]
+
+
+def test_redeliveries_are_caught_whatever_the_batch_boundaries(settings: Settings, tmp_path: Path) -> None:
+    rng = random.Random(5)
+    words = BASE.split()
+    stream: list[Document] = []
+    for offset in range(300):
+        if offset > 10 and rng.random() < 0.3:
+            # Some earlier record sent again under its id, its text sometimes changed.
+            earlier = stream[rng.randrange(len(stream))]
+            text = earlier.text if rng.random() < 0.5 else " ".join(rng.sample(words, len(words)))
+            stream.append(Document(earlier.id, text, float(offset), ("in", offset % 3, offset)))
+        else:
+            text = " ".join(rng.choice(words) + str(rng.randrange(50)) for _ in range(12))
+            stream.append(Document(f"doc-{offset}", text, float(offset), ("in", offset % 3, offset)))
+    whole = run(settings, tmp_path / "whole", [stream])
+    pieces = run(settings, tmp_path / "pieces", [stream[i : i + 7] for i in range(0, len(stream), 7)])
+    assert [(v.novel, v.reason, v.match_id) for v in whole] == [(v.novel, v.reason, v.match_id) for v in pieces]
+    # Every record after the first of its id is dropped, and none other is.
+    first = {}
+    for doc in stream:
+        first.setdefault(doc.id, doc)
+    assert [v.novel for v in whole] == [first[doc.id] is doc for doc in stream]
+    assert sum(v.reason == "redelivered" for v in whole) > 50
+
+
 def test_expiry_uses_each_documents_event_time(settings: Settings, tmp_path: Path) -> None:
     max_age = settings.index.max_age_seconds
     late = max_age + 10.0

@@ -146,6 +146,12 @@ class EntryRecords:
         ]
 
 
+    def origin(self, row: int) -> tuple[str, int, int] | None:
+        """One entry's (topic, partition, offset), None when stored without one."""
+        topic, partition, offset = self.origin_rows[row].tolist()
+        return None if topic == NO_TOPIC else (self.topic_names[topic], partition, offset)
+
+
 def _entries_in_tables(plan: IndexPlan) -> bool:
     """Whether a new index under ``plan`` stores entry keys in its tables. A fold is kept as the value only where
     it can reject candidates before their records are read: on 64-bit fingerprints, or under a radius."""
@@ -911,6 +917,26 @@ class SegmentIndex:
         present = slot < len(records.entries)
         present[present] = records.entries[slot[present]] == keys[present]
         return _reorder(records, slot[present])
+
+    def entries_with_ids(self, ids: Sequence[str]) -> tuple[np.ndarray, EntryRecords]:
+        """The stored entries of these ids: the position in ``ids`` of each one found (ascending), and its
+        entry's record, row for row."""
+        id_keys = self._id_keys([x.encode() for x in ids])
+        with self._read() as txn:
+            with txn.cursor(self._ids) as cursor:
+                found = cursor.getmulti(id_keys)
+            seqs = np.frombuffer(b"".join(v for _, v in found), dtype=_U64).astype(np.uint64)
+            records = self._records(txn, seqs)
+        if not found:
+            return np.zeros(0, np.intp), records
+        # Found ids are rare (a replay, a redelivery): only then is each position looked up.
+        seq_of = dict(found)
+        at = [i for i, key in enumerate(id_keys) if key in seq_of]
+        wanted = np.frombuffer(b"".join(seq_of[id_keys[i]] for i in at), dtype=_U64).astype(np.uint64)
+        slot = np.searchsorted(records.entries, wanted)
+        present = slot < len(records.entries)
+        present[present] = records.entries[slot[present]] == wanted[present]
+        return np.asarray(at, dtype=np.intp)[present], _reorder(records, slot[present])
 
     def query(self, fps: np.ndarray, *, min_time: float | None = None) -> list[list[tuple[str, int]]]:
         """Per query, ``[(id, distance), ...]`` nearest first, ties in insertion order."""
