@@ -36,12 +36,27 @@ from .document import DeadLetter, Document, DocumentDecoder
 from .health import HealthServer
 from .kafka.admin import admin_client, ensure_topics, wait_for_group_coordinator
 from .kafka.clients import common_options
-from .kafka.consumer import BatchConsumer
+from .kafka.consumer import BatchConsumer, Unreadable
 from .kafka.producer import TransactionalProducer
-from .kafka.records import OutgoingRecord, dead_letter, duplicate, novel
+from .kafka.records import (
+    OutgoingRecord,
+    dead_letter,
+    duplicate,
+    largest_record_bytes,
+    novel,
+    record_bytes,
+    topic_record_limits,
+    truncated_dead_letter,
+)
 from .lifecycle import Lifecycle
 from .metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
-from .names import DEAD_LETTER_REASONS
+from .names import (
+    DEAD_LETTER_DECIDE_ERROR,
+    DEAD_LETTER_OUTPUT_TOO_LARGE,
+    DEAD_LETTER_REASONS,
+    DEAD_LETTER_SIGN_ERROR,
+    DEAD_LETTER_UNREADABLE,
+)
 from .settings import Settings
 from .signature import Signatures, SignerPool
 from .workers import WorkerDied
@@ -62,6 +77,11 @@ _UNPUBLISHED_BATCHES = 8
 _SIGNERS_HEALTHY_SECONDS = 60.0
 _SIGNERS_RETRY_SECONDS = 1.0
 _SIGNERS_RETRY_MAX_SECONDS = 60.0
+# Dead letters are logged as one line per this many seconds at most: counts by reason, an example of each.
+_DEAD_LETTER_LOG_SECONDS = 10.0
+# What a duplicate adds to its input record beside the fingerprint (match id, distance, reason, source): an
+# input record this much under its topic's limit fits there. Larger match ids are cut with the dead letter.
+_OUTPUT_HEADER_ALLOWANCE = 4096
 
 
 @dataclass(frozen=True)
@@ -137,6 +157,9 @@ class DedupService(Lifecycle):
         self._in_flight: asyncio.Task[None] | None = None
         self._producer_ready = False
         self._index_stats_at = 0.0
+        # The largest record each output topic takes, read at the start of each session.
+        self._record_limits: dict[str, int] = {}
+        self._dead_letter_log = _DeadLetterLog(_DEAD_LETTER_LOG_SECONDS)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -297,6 +320,7 @@ class DedupService(Lifecycle):
                 self.metrics.record_worker_death("decision")
                 await self._decisions.stop()
                 await self._decisions.start()
+        self._dead_letter_log.flush()
         log.info("stopped", extra={"consumed": self.stats.consumed, "published": self.stats.published})
 
     async def _session(self) -> None:
@@ -355,6 +379,7 @@ class DedupService(Lifecycle):
                         continue
                     if self._split or not records:
                         await self._settle()  # nothing else to do: finish the open transaction now
+                        self._dead_letter_log.flush_due()
                         if self._decisions.died:
                             # Found between polls, not at the next batch: an idle stream gets a new one too.
                             raise DecisionProcessDied("the decision process died while the input was idle")
@@ -520,6 +545,8 @@ class DedupService(Lifecycle):
             origins=origins,
         )
         self.metrics.record_clamped_times(self._decoder.clamped_times - clamped)
+        if self._record_limits and largest_record_bytes(records) > self._smallest_output_limit():
+            decoded = self._too_large_for_output(records, decoded)
         documents = [item for item in decoded if type(item) is Document]
         # Plain tuples per record (a TopicPartition is several times dearer to build), one per partition after.
         last_offsets = {(record.topic, record.partition): record.offset for record in records}
@@ -528,11 +555,71 @@ class DedupService(Lifecycle):
         signing = None if signers is None else signers.submit([doc.text for doc in documents])
         return _Prepared(records, decoded, documents, next_offsets, signing, started)
 
+    def _smallest_output_limit(self) -> int:
+        """The largest input record (:func:`record_bytes`) whose novel or duplicate record fits every topic
+        it may go to."""
+        kafka = self.settings.kafka
+        topics = [kafka.output_topic] if kafka.duplicates_topic is None else [kafka.output_topic, kafka.duplicates_topic]
+        room = self.settings.fingerprint.width // 4 + _OUTPUT_HEADER_ALLOWANCE
+        return min(self._record_limits[topic] for topic in topics) - room
+
+    def _too_large_for_output(
+        self, records: Sequence[ConsumerRecord], decoded: list[Document | DeadLetter]
+    ) -> list[Document | DeadLetter]:
+        """``decoded`` with the documents whose output would not fit its topic dead-lettered, before the index
+        could keep them."""
+        limit = self._smallest_output_limit()
+        result = list(decoded)
+        for row, (record, item) in enumerate(zip(records, decoded, strict=True)):
+            if type(item) is Document and (size := largest_record_bytes([record])) > limit:
+                result[row] = DeadLetter(
+                    DEAD_LETTER_OUTPUT_TOO_LARGE,
+                    f"the record takes {size} bytes; its output would not fit the output topics "
+                    f"(records up to about {limit} bytes fit)",
+                    f"{record.topic}-{record.partition}-{record.offset}",
+                )
+        return result
+
     def _decided(self, prepared: _Prepared, verdicts: Verdicts) -> _Decided:
         """What to publish for a decided batch; nothing goes to Kafka here."""
         records = prepared.records
         outgoing, dropped, dead = self._outgoing(records, prepared.decoded, prepared.documents, verdicts)
+        if self._record_limits and largest_record_bytes(outgoing) > min(self._record_limits.values()):
+            outgoing = self._fitted(records, outgoing, dropped, dead)
         return _Decided(records, prepared.next_offsets, outgoing, dropped, dead, prepared.started)
+
+    def _fitted(
+        self,
+        records: Sequence[ConsumerRecord],
+        outgoing: list[OutgoingRecord],
+        dropped: list[tuple[Document, Verdict]],
+        dead: list[DeadLetter],
+    ) -> list[OutgoingRecord]:
+        """``outgoing`` with every record larger than its topic takes replaced by its dead letter, cut to fit
+        the dead-letter topic (one published whole would be refused by the broker, and retried for ever)."""
+        kafka = self.settings.kafka
+        limits = self._record_limits
+        # The records that have an outgoing record, in order: all but duplicates without a duplicates topic.
+        skipped = set() if kafka.duplicates_topic is not None else {doc.origin for doc, _ in dropped}
+        sources = [record for record in records if (record.topic, record.partition, record.offset) not in skipped]
+        letters = {letter.id: letter for letter in dead}
+        fitted = []
+        for out, record in zip(outgoing, sources, strict=True):
+            size = record_bytes(out)
+            if size <= limits.get(out.topic, size):
+                fitted.append(out)
+                continue
+            default_id = f"{record.topic}-{record.partition}-{record.offset}"
+            letter = letters.get(default_id) if out.topic == kafka.dead_letter_topic else None
+            if letter is None:
+                letter = DeadLetter(
+                    DEAD_LETTER_OUTPUT_TOO_LARGE,
+                    f"its record for {out.topic} takes {size} bytes, over the {limits[out.topic]} that topic takes",
+                    default_id,
+                )
+                dead.append(letter)
+            fitted.append(truncated_dead_letter(record, kafka.dead_letter_topic, letter, limits[kafka.dead_letter_topic]))
+        return fitted
 
     async def _verdicts(self, prepared: _Prepared) -> Verdicts:
         """The batch's verdicts, its kept documents and input offsets stored in one LMDB transaction."""
@@ -591,16 +678,31 @@ class DedupService(Lifecycle):
         # The documents are the decoded records that are not dead letters, in order: row counts them. Only
         # a duplicate's verdict is built as a tuple, from the columns.
         novel_rows = verdicts.novel.tolist()
+        # Documents that could not be signed or decided: their rows' errors (rare: checked once a batch).
+        errors = verdicts.errors if any(verdicts.errors) else None
         outgoing: list[OutgoingRecord] = []
         dropped: list[tuple[Document, Verdict]] = []
         dead: list[DeadLetter] = []
         row = -1
         for record, item in zip(records, decoded, strict=True):
-            if type(item) is DeadLetter:
+            if type(item) is not Document:
+                if type(record) is Unreadable:
+                    item = DeadLetter.raised(
+                        DEAD_LETTER_UNREADABLE,
+                        f"the Kafka client cannot parse the record at {record.topic}[{record.partition}] offset "
+                        f"{record.offset}; it was skipped",
+                        record.error,
+                        item.id,
+                    )
                 dead.append(item)
                 outgoing.append(dead_letter(record, kafka.dead_letter_topic, item))
                 continue
             row += 1
+            if errors is not None and errors[row] is not None:
+                letter = _failed(errors[row], item.id, f"{record.topic}-{record.partition}-{record.offset}")
+                dead.append(letter)
+                outgoing.append(dead_letter(record, kafka.dead_letter_topic, letter))
+                continue
             if novel_rows[row]:
                 outgoing.append(novel(record, kafka.output_topic, hexes[row]))
                 continue
@@ -631,8 +733,8 @@ class DedupService(Lifecycle):
                 stats.examples.append((doc.id, verdict.match_id, verdict.distance or 0))
         dead_reasons = Counter(letter.reason for letter in dead)
         stats.dead_lettered.update(dead_reasons)
-        for letter in dead:
-            log.warning("dead-lettered %s: %s (%s)", letter.id, letter.reason, letter.detail)
+        if dead:
+            self._dead_letter_log.add(dead)
         self.metrics.record_consumed(Counter(record.topic for record in records))
         self.metrics.record_published(Counter(record.topic for record in outgoing))
         # The duplicates alone: iterating every verdict again would build a tuple per message for nothing.
@@ -692,6 +794,7 @@ class DedupService(Lifecycle):
                     {topic: kafka.topic_partitions for topic in self._output_topics()},
                     replication_factor=kafka.topic_replication_factor,
                 )
+            self._record_limits = await topic_record_limits(admin, self._output_topics(), kafka.max_request_bytes)
             await wait_for_group_coordinator(admin, kafka.group_id, timeout=kafka.request_timeout_ms / 1000)
 
     async def _sleep_unless_stopping(self, seconds: float) -> None:
@@ -699,6 +802,53 @@ class DedupService(Lifecycle):
             await asyncio.wait_for(self._stopping.wait(), seconds)
         except TimeoutError:
             pass
+
+
+def _failed(error: str, doc_id: str, default_id: str) -> DeadLetter:
+    """The dead letter of a document whose verdict carries ``error``: the decision core's "not decided: Class:
+    message", or the signer's "could not ... this text: Class: message"."""
+    reason = DEAD_LETTER_DECIDE_ERROR if error.startswith("not decided:") else DEAD_LETTER_SIGN_ERROR
+    parts = error.split(": ", 2)
+    name = parts[1] if len(parts) == 3 and parts[1].isidentifier() else None
+    return DeadLetter(reason, f"document {doc_id!r}: {error}", default_id, name)
+
+
+class _DeadLetterLog:
+    """Dead letters logged as one warning per ``interval`` seconds at most: the count of each reason and the
+    first letter of each, where a poisoned stream would otherwise write a line per record."""
+
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+        self._counts: Counter[str] = Counter()
+        self._examples: dict[str, DeadLetter] = {}
+        self._since = time.monotonic()
+
+    def add(self, letters: Sequence[DeadLetter]) -> None:
+        for letter in letters:
+            self._counts[letter.reason] += 1
+            self._examples.setdefault(letter.reason, letter)
+        self.flush_due()
+
+    def flush_due(self) -> None:
+        if self._counts and time.monotonic() - self._since >= self._interval:
+            self.flush()
+
+    def flush(self) -> None:
+        now = time.monotonic()
+        if self._counts:
+            log.warning(
+                "dead-lettered %d records in the last %.0f s: %s",
+                self._counts.total(),
+                now - self._since,
+                "; ".join(
+                    f"{count} {reason} (first: {self._examples[reason].id}: {self._examples[reason].detail[:200]})"
+                    for reason, count in sorted(self._counts.items())
+                ),
+                extra={"dead_lettered": dict(self._counts)},
+            )
+        self._counts.clear()
+        self._examples.clear()
+        self._since = now
 
 
 async def run_service(settings: Settings) -> None:

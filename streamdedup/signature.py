@@ -21,7 +21,7 @@ import numpy as np
 from .features import FeatureExtractor
 from .fingerprint import FingerprintBatch, Fingerprinter
 from .index import IndexPlan, TableKeys, first_copies, table_keys
-from .minhash import BottomK
+from .minhash import EMPTY_SLOT, SKETCH_DTYPE, BottomK
 from .settings import DedupSettings, FingerprintSettings
 from .workers import WorkerProcess
 
@@ -126,7 +126,26 @@ class Signer:
         )
 
     def sign(self, texts: Sequence[str]) -> Signatures:
-        return self.sign_batch(self.fingerprinter.fingerprint_batch(texts))
+        """The texts' signatures. A batch whose signing raises (a step that works on the whole batch, set off by
+        one text) is signed again in halves, down to the texts that fail alone: each of those gets an error,
+        "could not sign this text: Class: message", and is neither looked up nor stored. The halves' keys are
+        left for the decision core to make."""
+        try:
+            return self.sign_batch(self.fingerprinter.fingerprint_batch(texts))
+        except Exception as exc:
+            if len(texts) <= 1:
+                return self._unsigned(len(texts), exc)
+            half = len(texts) // 2
+            return Signatures.joined([self.sign(texts[:half]), self.sign(texts[half:])])
+
+    def _unsigned(self, count: int, error: Exception) -> Signatures:
+        width = self.fingerprinter.width // 64
+        return Signatures(
+            np.zeros((count, width), dtype=np.uint64),
+            np.full((count, self.sketcher.k), EMPTY_SLOT, dtype=SKETCH_DTYPE),
+            (f"could not sign this text: {type(error).__name__}: {error}",) * count,
+            np.zeros(count, dtype=bool),
+        )
 
     def sign_batch(self, batch: FingerprintBatch) -> Signatures:
         """Signatures of an already fingerprinted batch (the sketch reads its features)."""

@@ -321,3 +321,20 @@ def plant_decision_bug(monkeypatch: pytest.MonkeyPatch, poison_id: str, message:
         return real(self, ids, *args)
 
     monkeypatch.setattr(Deduplicator, "_stored_matches", broken)
+
+
+# --- The signer: a bug that one text sets off -------------------------------------------------------------
+from streamdedup.fingerprint import Fingerprinter  # noqa: E402
+
+
+def plant_signing_bug(monkeypatch: pytest.MonkeyPatch, poison: str, message: str) -> None:
+    """Make fingerprinting a batch raise ZeroDivisionError(``message``) whenever a text of it contains ``poison``
+    (in this process: signing workers started afterwards do not see it)."""
+    real = Fingerprinter.fingerprint_batch
+
+    def broken(self: Fingerprinter, texts: Sequence[str]) -> object:
+        if any(poison in text for text in texts):
+            raise ZeroDivisionError(message)
+        return real(self, texts)
+
+    monkeypatch.setattr(Fingerprinter, "fingerprint_batch", broken)

@@ -202,7 +202,8 @@ _RECORDS = st.one_of(
     ),
 )
 def test_decode_many_gives_what_decode_gives_each_value(values: list[bytes | None], settings: dict[str, object]) -> None:
-    many, each = decode_both(values, InputSettings(**settings))
+    # Clamping reads the wall clock, once per batch and once per record: none here, it has tests of its own.
+    many, each = decode_both(values, InputSettings(**settings, max_future_seconds=1e300))
     assert many == each
 
 

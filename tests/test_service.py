@@ -11,6 +11,7 @@ import os
 import random
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import NewTopic
+from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import ConsumerRecord
 
 from streamdedup.decide import Deduplicator
@@ -38,7 +40,9 @@ from streamdedup.metrics import WORKER_KINDS
 from streamdedup.fingerprint import fingerprint_hex
 from streamdedup.names import (
     HEADER_DEAD_LETTER_DETAIL,
+    HEADER_DEAD_LETTER_ERROR,
     HEADER_DEAD_LETTER_REASON,
+    HEADER_DEAD_LETTER_TRUNCATED,
     HEADER_FINGERPRINT,
     HEADER_MATCH_DISTANCE,
     HEADER_MATCH_ID,
@@ -58,6 +62,7 @@ from tests.conftest import (
     SecuredKafka,
     consume_records,
     plant_decision_bug,
+    plant_signing_bug,
     process_running,
     process_state,
     produce_records,
@@ -484,13 +489,18 @@ async def test_an_id_with_a_lone_surrogate_is_dead_lettered_and_the_stream_goes_
     assert (service.stats.published, dict(service.stats.dead_lettered)) == (2, {"not_utf8": 1})
 
 
-async def test_a_record_stamped_years_ahead_does_not_expire_the_index(
-    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Expiry runs before every batch here. A clock that followed the newest event time would jump ten years
-    # with the third record and drop everything stored before it: the copy at the end would pass as novel.
+@pytest.fixture
+def expiry_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service expires its index before every batch, not every few seconds."""
     monkeypatch.setattr("streamdedup.service._INDEX_STATS_INTERVAL_SECONDS", 0.0)
+
+
+@pytest.mark.usefixtures("expiry_every_batch")
+async def test_a_record_stamped_years_ahead_does_not_expire_the_index(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    # A clock that followed the newest event time would jump ten years with the third record and drop
+    # everything stored before it: the copy at the end would pass as novel.
     now = time.time()
 
     def record(text: str, stamp: float) -> OutRecord:
@@ -515,7 +525,7 @@ async def test_a_record_stamped_years_ahead_does_not_expire_the_index(
     assert (service.stats.published, dict(service.stats.dropped)) == (4, {"exact": 1})
 
 
-async def test_a_document_that_breaks_the_decision_core_passes_unjudged_and_the_stream_goes_on(
+async def test_a_document_that_breaks_the_decision_core_is_dead_lettered_and_the_stream_goes_on(
     kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -535,9 +545,162 @@ async def test_a_document_that_breaks_the_decision_core_passes_unjudged_and_the_
     async with DedupService(settings) as service:
         await wait_for(lambda: _consumed(service, len(stream)), 60, "the stream to be processed")
         assert service.running
-    output = await kafka_consume(topics.output, count=3)
-    assert [r.value for r in output] == [r.value for r in stream[:3]]
-    assert (service.stats.published, dict(service.stats.dropped)) == (3, {"exact": 1})
+    output = await kafka_consume(topics.output, count=2)
+    assert [r.value for r in output] == [stream[0].value, stream[2].value]
+    (dead,) = await kafka_consume(topics.dead_letters, count=1)
+    assert (dead.value, header(dead, HEADER_DEAD_LETTER_REASON), header(dead, HEADER_DEAD_LETTER_ERROR)) == (
+        stream[1].value,
+        b"decide_error",
+        b"ZeroDivisionError",
+    )
+    assert b"a bug this record sets off" in header(dead, HEADER_DEAD_LETTER_DETAIL)
+    assert (service.stats.published, dict(service.stats.dropped)) == (2, {"exact": 1})
+    assert dict(service.stats.dead_lettered) == {"decide_error": 1}
+
+
+async def produce_unparsable(bootstrap: str, topic: str, value: bytes) -> None:
+    """A record whose header key is not UTF-8: Kafka stores it, aiokafka cannot parse it. aiokafka's producer
+    only writes str keys, so the built batch is patched (and its CRC computed again) before it is sent."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False)
+    await producer.start()
+    try:
+        batch = producer.create_batch()
+        key, placeholder = b"caf\xe9", "\x01" * 4
+        batch.append(key=None, value=value, timestamp=None, headers=[(placeholder, b"v")])
+        buffer = batch._build()
+        at = buffer.index(placeholder.encode())
+        buffer[at : at + len(key)] = key
+        struct.pack_into(">I", buffer, 17, calc_crc32c(bytes(buffer[21:])))  # the CRC covers from the attributes on
+        await (await producer.send_batch(batch, topic, partition=0))
+    finally:
+        await producer.stop()
+
+
+async def test_records_that_raise_or_cannot_be_parsed_are_dead_lettered_and_the_stream_goes_on(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each of these stopped `streamdedup run`, and again after every restart: the partition was stuck for good.
+    plant_signing_bug(monkeypatch, "poisonword", "a bug this text sets off")
+    monkeypatch.setattr(service_module, "_DEAD_LETTER_LOG_SECONDS", 3600.0)
+    now = int(time.time())
+
+    def doc(text: str) -> bytes:
+        return json.dumps({"text": text, "ts": now}).encode()
+
+    good = [doc(f"an ordinary record number {i} about " + " ".join(f"w{i}x{j}" for j in range(10))) for i in range(4)]
+    huge_integer = b'{"text": "a record with a very long number", "ts": %d, "n": %s}' % (now, b"9" * 5000)
+    huge_time = b'{"text": "a record with a very long time", "ts": %s}' % (b"9" * 400)
+    await kafka_produce(topics.input, [good[0], OutRecord(huge_integer, key=b"int"), good[1], OutRecord(huge_time, key=b"time")])
+    await produce_unparsable(kafka_bootstrap, topics.input, doc("a record whose header the client cannot read"))
+    await kafka_produce(topics.input, [OutRecord(doc("a poisonword breaks signing"), key=b"sign"), good[2], good[3]])
+    settings = load_settings(
+        None, **overrides(kafka_bootstrap, topics, tmp_path / "index"), input={"time_field": "ts"}, dedup={"workers": 0}
+    )
+
+    with caplog.at_level(logging.WARNING, logger="streamdedup.service"):
+        async with DedupService(settings) as service:
+            await wait_for(lambda: _consumed(service, 8), 60, "the stream to be processed")
+            assert service.running
+
+    dead = await kafka_consume(topics.dead_letters, count=4)
+    assert [
+        (r.key, header(r, HEADER_DEAD_LETTER_REASON), header(r, HEADER_DEAD_LETTER_ERROR), header(r, HEADER_SOURCE_OFFSET))
+        for r in dead
+    ] == [
+        (b"int", b"decode_error", b"ValueError", b"1"),
+        (b"time", b"decode_error", b"OverflowError", b"3"),
+        (None, b"unreadable_record", b"UnicodeDecodeError", b"4"),
+        (b"sign", b"sign_error", b"ZeroDivisionError", b"5"),
+    ]
+    assert [dead[0].value, dead[1].value, dead[2].value] == [huge_integer, huge_time, None]
+    assert (header(dead[2], HEADER_SOURCE_TOPIC), header(dead[2], HEADER_SOURCE_PARTITION)) == (topics.input.encode(), b"0")
+    assert b"Exceeds the limit" in header(dead[0], HEADER_DEAD_LETTER_DETAIL)
+    output = await kafka_consume(topics.output, count=4)
+    assert [r.value for r in output] == good
+    reasons = {"decode_error": 2, "unreadable_record": 1, "sign_error": 1}
+    assert (service.stats.published, dict(service.stats.dead_lettered)) == (4, reasons)
+    for reason, count in reasons.items():
+        assert service.metrics.registry.get_sample_value("streamdedup_messages_dead_lettered_total", {"reason": reason}) == count
+    assert await committed_offset(kafka_bootstrap, settings.kafka.group_id, topics.input) == 8
+    # One line for the interval, not one per dead letter.
+    summaries = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
+    assert len(summaries) == 1 and summaries[0].startswith("dead-lettered 4 records in the last"), summaries
+    assert all(f"{count} {reason}" in summaries[0] for reason, count in reasons.items())
+
+
+@pytest.mark.parametrize(
+    ("max_message_bytes", "reason"), [(1_000_000, b"too_large"), (3_000_000, b"output_too_large")]
+)
+async def test_a_record_larger_than_its_topics_take_is_dead_lettered_cut_to_fit(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path,
+    max_message_bytes: int, reason: bytes,
+) -> None:
+    # The input topic takes 4 MB records, the output and dead-letter topics Kafka's default 1 MB: the dead
+    # letter of a 2 MB record (too large to read, or to publish) was refused by the broker and retried for ever.
+    big_input = f"in-big-{uuid.uuid4().hex[:8]}"
+    async with admin_client(bootstrap_servers=kafka_bootstrap) as admin:
+        await admin.create_topics([NewTopic(big_input, 1, 1, topic_configs={"max.message.bytes": str(4 << 20)})])
+        await ensure_topics(admin, {big_input: 1})
+    words = " ".join(f"w{i}" for i in range(300_000))
+    big = OutRecord(json.dumps({"text": words}).encode(), key=b"big", headers=(("trace", b"t1"),))
+    assert 2_000_000 < len(big.value or b"") < 3_000_000
+    texts = ["fishing boats leave the harbour before dawn", "the old mill by the river grinds rye again"]
+    good = [json.dumps({"text": text}).encode() for text in texts]
+    stream = [big, OutRecord(good[0]), OutRecord(good[1]), big]
+    await kafka_produce(big_input, stream, max_request_size=4 << 20)
+    settings = load_settings(
+        None,
+        **overrides(kafka_bootstrap, topics, tmp_path / "index", input_topics=[big_input]),
+        input={"max_message_bytes": max_message_bytes},
+    )
+
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, len(stream)), 90, "the stream to be processed")
+        assert service.running
+
+    assert [r.value for r in await kafka_consume(topics.output, count=2)] == good
+    dead = await kafka_consume(topics.dead_letters, count=2)
+    for letter, offset in zip(dead, (b"0", b"3"), strict=True):
+        assert (letter.key, header(letter, HEADER_DEAD_LETTER_REASON), header(letter, "trace")) == (b"big", reason, b"t1")
+        assert (header(letter, HEADER_SOURCE_TOPIC), header(letter, HEADER_SOURCE_OFFSET)) == (big_input.encode(), offset)
+        assert int(header(letter, HEADER_DEAD_LETTER_TRUNCATED)) > len(big.value or b"")
+        assert 900_000 < len(letter.value or b"") < 1_048_588 and (big.value or b"").startswith(letter.value or b"x")
+    # The big record never entered the index: its copy is dead-lettered too, not dropped as a duplicate.
+    assert (service.stats.published, dict(service.stats.dropped), dict(service.stats.dead_lettered)) == (
+        2,
+        {},
+        {reason.decode(): 2},
+    )
+    assert await committed_offset(kafka_bootstrap, settings.kafka.group_id, big_input) == len(stream)
+
+
+@pytest.mark.usefixtures("expiry_every_batch")
+async def test_a_burst_of_times_in_milliseconds_does_not_expire_the_index(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    # 600 records stamped in milliseconds would move the expiry clock (the median of the latest event times)
+    # a thousandfold ahead and expire every entry: the copy of X a few seconds after X would be published.
+    now = time.time()
+    burst = [
+        OutRecord(json.dumps({"text": " ".join(uuid.uuid4().hex[:12] for _ in range(8)), "ts": now * 1000}).encode())
+        for _ in range(600)
+    ]
+    x = "the record X that arrives after the burst and again a few seconds later"
+    config = overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=200)
+    config["index"]["max_age_seconds"] = 3600
+    settings = load_settings(None, **config, input={"time_field": "ts"})
+    await kafka_produce(topics.input, [*burst, OutRecord(json.dumps({"text": x, "ts": now}).encode())])
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, len(burst) + 1), 90, "the burst and X to be processed")
+        await kafka_produce(topics.input, [OutRecord(json.dumps({"text": x, "ts": now + 3}).encode())])
+        await wait_for(lambda: _consumed(service, len(burst) + 2), 60, "the copy of X to be processed")
+        clamped = service.metrics.registry.get_sample_value("streamdedup_event_times_clamped_total")
+
+    assert (service.stats.published, dict(service.stats.dropped)) == (len(burst) + 1, {"exact": 1})
+    assert clamped == len(burst)
+    (duplicate,) = await kafka_consume(topics.duplicates, count=1)
+    assert json.loads(duplicate.value)["text"] == x
 
 
 # ---------------------------------------------------------------------------------------------- processes

@@ -14,13 +14,21 @@ from streamdedup.decide import Deduplicator
 from streamdedup.document import Document
 from streamdedup.features import FeatureExtractor, route_of
 from streamdedup.fingerprint import Fingerprinter
-from streamdedup.minhash import BottomK
 from streamdedup.index.plan import make_segment_plan
+from streamdedup.minhash import BottomK
 from streamdedup.offline import index_plan, open_index
 from streamdedup.quality.corpus import load_stream
 from streamdedup.settings import FeatureSettings, Settings, load_settings
-from streamdedup.signature import SIGNER_NICENESS, SIGNING_SCHEME, Signatures, Signer, SignerPool, signing_id
+from streamdedup.signature import (
+    SIGNER_NICENESS,
+    SIGNING_SCHEME,
+    Signatures,
+    Signer,
+    SignerPool,
+    signing_id,
+)
 from streamdedup.workers import WorkerDied
+from tests.conftest import plant_signing_bug
 
 TEXTS = [
     "the quick brown fox jumps over the lazy dog",
@@ -203,3 +211,18 @@ def test_the_signing_id_changes_with_every_setting_that_shapes_a_signature(setti
     assert len(others) == 5 and same not in others
     # The decision policy's thresholds shape no stored signature.
     assert signing_id(fingerprint, policy.model_copy(update={"min_jaccard": 0.9, "verify": False})) == same
+
+
+def test_a_text_that_breaks_signing_its_batch_gets_an_error_alone(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    signer = Signer(settings.fingerprint, settings.dedup, index_plan(settings))
+    texts = [TEXTS[0], "a poisonword text", TEXTS[1], TEXTS[4]]
+    expected = signer.sign([texts[0], texts[2], texts[3]])
+    plant_signing_bug(monkeypatch, "poisonword", "a bug this text sets off")
+    signatures = signer.sign(texts)
+    assert signatures.errors == (None, "could not sign this text: ZeroDivisionError: a bug this text sets off", None, None)
+    assert signatures.indexable.tolist() == [True, False, True, True]
+    kept = [0, 2, 3]
+    assert signatures.fingerprints[kept].tolist() == expected.fingerprints.tolist()
+    assert signatures.sketches[kept].tolist() == expected.sketches.tolist()
+    assert not signatures.fingerprints[1].any()
+    assert signatures.sketches.shape == (4, expected.sketches.shape[1])

@@ -1,20 +1,30 @@
-"""The input side: a group consumer that hands out batches in a fixed order and reports rebalances."""
+"""The input side: a group consumer that hands out batches in a fixed order and reports rebalances.
+
+A record the Kafka client cannot parse (a header key that is not UTF-8) makes aiokafka raise from ``getmany``,
+losing what that call had already drained and leaving the partition stuck on it. :meth:`BatchConsumer.batch`
+then rewinds to what it last handed out, reads the partitions one by one to find the record, and hands it out
+as an :class:`Unreadable` record (no key, value or headers) at its offset, so that the caller dead-letters it
+and the partition goes on after it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from ..lifecycle import Lifecycle
 from ..settings import KafkaSettings
 from .clients import common_options
 
-__all__ = ["BatchConsumer", "RebalanceHandler", "committed_reader"]
+__all__ = ["BatchConsumer", "RebalanceHandler", "Unreadable", "committed_reader"]
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +32,21 @@ RebalanceHandler = Callable[[frozenset[TopicPartition]], Awaitable[None]]
 
 # Stopping must not hang the service when the broker is gone (leaving the group needs the broker).
 _STOP_TIMEOUT_SECONDS = 10.0
+# Reading one partition alone while looking for a record the client cannot parse: a partition with records
+# left answers within the broker's fetch wait (500 ms by default).
+_PROBE_TIMEOUT_MS = 5_000
+
+
+@dataclass
+class Unreadable(ConsumerRecord):  # type: ignore[misc]
+    """A record the Kafka client could not parse: its position, and the ``error`` that parsing raised (no key,
+    value or headers; its timestamp is when it was skipped)."""
+
+    error: Exception | None = None
+
+    @classmethod
+    def at(cls, tp: TopicPartition, offset: int, error: Exception) -> Unreadable:
+        return cls(tp.topic, tp.partition, offset, int(time.time() * 1000), 0, None, None, None, -1, -1, (), error)
 
 
 class BatchConsumer(Lifecycle):
@@ -44,6 +69,8 @@ class BatchConsumer(Lifecycle):
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
         self._consumer: AIOKafkaConsumer | None = None
+        # Per partition, the offset after the last record handed out (or the last seek): where to rewind to.
+        self._next: dict[TopicPartition, int] = {}
 
     async def start(self) -> None:
         if self._consumer is not None:
@@ -89,11 +116,90 @@ class BatchConsumer(Lifecycle):
 
     async def batch(self, *, wait: bool = True) -> list[ConsumerRecord]:
         """Up to ``batch_max_records`` records, partitions in (topic, partition) order, each in offset order.
-        ``wait=False`` returns at once with what is already fetched (possibly nothing)."""
-        fetched = await self.client.getmany(
-            timeout_ms=self.settings.batch_timeout_ms if wait else 0, max_records=self.settings.batch_max_records
-        )
+        ``wait=False`` returns at once with what is already fetched (possibly nothing). Where a record cannot be
+        parsed, the records of one partition up to it and the record as :class:`Unreadable`."""
+        try:
+            fetched = await self.client.getmany(
+                timeout_ms=self.settings.batch_timeout_ms if wait else 0, max_records=self.settings.batch_max_records
+            )
+        except KafkaError:
+            raise
+        except Exception as exc:
+            return await self._around_unreadable(exc)
+        for tp, records in fetched.items():
+            self._next[tp] = records[-1].offset + 1
         return [record for tp in sorted(fetched) for record in fetched[tp]]
+
+    async def _around_unreadable(self, error: Exception) -> list[ConsumerRecord]:
+        """After ``getmany`` raised parsing a record: the records of the first partition (in order) that has
+        any, up to and including the record that cannot be parsed, which is then skipped."""
+        client = self.client
+        active = sorted(client.assignment() - client.paused())
+        for tp in active:
+            if tp in self._next:
+                client.seek(tp, self._next[tp])  # what the failed call drained is lost with it
+        log.warning("the Kafka client could not parse a record (%r); reading the partitions one by one", error)
+        ends = await client.end_offsets(active)
+        client.pause(*active)
+        try:
+            for tp in active:
+                if await client.position(tp) >= ends[tp]:
+                    continue
+                client.resume(tp)
+                try:
+                    records = await self._read_alone(tp)
+                finally:
+                    client.pause(tp)
+                if records:
+                    return records
+        finally:
+            client.resume(*active)
+        return []
+
+    async def _read_alone(self, tp: TopicPartition) -> list[ConsumerRecord]:
+        """The next records of ``tp``, fetched alone; one at a time once a read of them raised, up to the one
+        that raises, which is returned as :class:`Unreadable` at the offset after the last readable one (a
+        transaction marker just before it would take that offset: then the record follows it)."""
+        try:
+            fetched = await self.client.getmany(
+                tp, timeout_ms=_PROBE_TIMEOUT_MS, max_records=self.settings.batch_max_records
+            )
+        except KafkaError:
+            raise
+        except Exception:
+            return await self._up_to_unreadable(tp)
+        records = fetched.get(tp, [])
+        if records:
+            self._next[tp] = records[-1].offset + 1
+        return records
+
+    async def _up_to_unreadable(self, tp: TopicPartition) -> list[ConsumerRecord]:
+        client = self.client
+        start = self._next.get(tp)
+        if start is not None:
+            client.seek(tp, start)
+        readable: list[ConsumerRecord] = []
+        while True:
+            try:
+                fetched = await client.getmany(tp, timeout_ms=_PROBE_TIMEOUT_MS, max_records=1)
+            except KafkaError:
+                raise
+            except Exception as exc:
+                offset = await client.position(tp)
+                log.error(
+                    "skipping the record at %s[%d] offset %d: the Kafka client cannot parse it (%r)",
+                    tp.topic,
+                    tp.partition,
+                    offset,
+                    exc,
+                )
+                client.seek(tp, offset + 1)
+                self._next[tp] = offset + 1
+                return [*readable, Unreadable.at(tp, offset, exc)]
+            if not fetched.get(tp):
+                return readable  # it read this time (a fetch that failed on the way, not the record)
+            readable.extend(fetched[tp])
+            self._next[tp] = readable[-1].offset + 1
 
     def assignment(self) -> frozenset[TopicPartition]:
         return frozenset(self.client.assignment())
@@ -124,6 +230,7 @@ class BatchConsumer(Lifecycle):
     def seek(self, offsets: Mapping[TopicPartition, int]) -> None:
         for tp, offset in offsets.items():
             self.client.seek(tp, offset)
+            self._next[tp] = offset
 
     async def position(self, partition: TopicPartition) -> int:
         """The offset of the next record this consumer will fetch from ``partition``."""

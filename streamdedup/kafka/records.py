@@ -1,16 +1,23 @@
-"""What the service publishes for each input record: the novel document, a duplicate, or a dead letter."""
+"""What the service publishes for each input record: the novel document, a duplicate, or a dead letter; and
+how large a record each topic takes (a dead letter too large for its topic is cut to fit)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import ConsumerRecord
 
 from ..document import DeadLetter
 from ..names import (
     HEADER_DEAD_LETTER_DETAIL,
+    HEADER_DEAD_LETTER_ERROR,
     HEADER_DEAD_LETTER_REASON,
+    HEADER_DEAD_LETTER_TRUNCATED,
     HEADER_FINGERPRINT,
     HEADER_MATCH_DISTANCE,
     HEADER_MATCH_ID,
@@ -20,12 +27,25 @@ from ..names import (
     HEADER_SOURCE_TOPIC,
 )
 
-__all__ = ["OutgoingRecord", "dead_letter", "duplicate", "novel"]
+__all__ = [
+    "BROKER_DEFAULT_MAX_MESSAGE_BYTES",
+    "OutgoingRecord",
+    "dead_letter",
+    "duplicate",
+    "largest_record_bytes",
+    "novel",
+    "record_bytes",
+    "topic_record_limits",
+    "truncated_dead_letter",
+]
 
 Headers = tuple[tuple[str, bytes], ...]
 
 # A detail longer than this is cut (the original value travels whole in the record value).
 _MAX_DETAIL_CHARS = 1000
+# Kafka's default message.max.bytes: what a topic takes when its own limit cannot be read.
+BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+_MAX_MESSAGE_BYTES = "max.message.bytes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,22 +86,68 @@ def duplicate(
 
 
 def dead_letter(record: ConsumerRecord, topic: str, letter: DeadLetter) -> OutgoingRecord:
-    """The original bytes (value, key, headers) untouched, plus the reason, a detail and the source position."""
-    return OutgoingRecord(
-        topic,
-        record.value,
-        record.key,
-        (
-            *_headers(record),
-            (HEADER_DEAD_LETTER_REASON, letter.reason.encode()),
-            (HEADER_DEAD_LETTER_DETAIL, letter.detail[:_MAX_DETAIL_CHARS].encode("utf-8", "replace")),
-            *_source(record),
-        ),
-    )
+    """The original bytes (value, key, headers) untouched, plus the reason, a detail, the error's class (for a
+    record that raised) and the source position."""
+    return OutgoingRecord(topic, record.value, record.key, (*_headers(record), *_letter(record, letter)))
+
+
+def truncated_dead_letter(record: ConsumerRecord, topic: str, letter: DeadLetter, limit: int) -> OutgoingRecord:
+    """The dead letter of ``record`` cut to at most ``limit`` bytes (see :func:`record_bytes`): the head of its
+    value, with its key and headers when they fit beside the dead letter's own, and a header giving the size of
+    the record it replaces. The source headers say where the original is."""
+    whole = dead_letter(record, topic, letter)
+    own = (*_letter(record, letter), (HEADER_DEAD_LETTER_TRUNCATED, str(record_bytes(whole)).encode()))
+    value = record.value or b""
+    for key, headers in ((record.key, (*_headers(record), *own)), (None, own)):
+        # The empty value's length takes one byte where the cut value's takes up to five.
+        room = limit - record_bytes(OutgoingRecord(topic, b"", key, headers)) - 4
+        if room >= 0:
+            return OutgoingRecord(topic, value[:room], key, headers)
+    return OutgoingRecord(topic, None, None, own)
+
+
+def record_bytes(record: OutgoingRecord) -> int:
+    """At most how many bytes ``record`` takes alone in a record batch, which is what a topic's
+    ``max.message.bytes`` limits (uncompressed: the producer does not compress)."""
+    size: int = DefaultRecordBatchBuilder.estimate_size_in_bytes(record.key, record.value, list(record.headers))
+    return size
+
+
+def largest_record_bytes(records: Sequence[OutgoingRecord] | Sequence[ConsumerRecord]) -> int:
+    """The largest :func:`record_bytes` of ``records`` (0 for none), without a Python call per record."""
+    if not records:
+        return 0
+    keys, values, headers = map(attrgetter("key"), records), map(attrgetter("value"), records), map(attrgetter("headers"), records)
+    largest: int = max(map(DefaultRecordBatchBuilder.estimate_size_in_bytes, keys, values, map(list, headers)))
+    return largest
+
+
+async def topic_record_limits(admin: AIOKafkaAdminClient, topics: Iterable[str], max_request_bytes: int) -> dict[str, int]:
+    """The largest record batch each topic takes: its ``max.message.bytes``, at most ``max_request_bytes`` (the
+    producer refuses more). A topic whose configuration cannot be read gets Kafka's default."""
+    topics = list(topics)
+    limits = dict.fromkeys(topics, BROKER_DEFAULT_MAX_MESSAGE_BYTES)
+    resources = [ConfigResource(ConfigResourceType.TOPIC, topic, {_MAX_MESSAGE_BYTES: None}) for topic in topics]
+    for response in await admin.describe_configs(resources):
+        for error_code, _, _, topic, entries in response.resources:
+            for name, value, *_ in entries if error_code == 0 else ():
+                if name == _MAX_MESSAGE_BYTES and value is not None:
+                    limits[topic] = int(value)
+    return {topic: min(limit, max_request_bytes) for topic, limit in limits.items()}
 
 
 def _headers(record: ConsumerRecord) -> Sequence[tuple[str, bytes]]:
     return tuple(record.headers or ())
+
+
+def _letter(record: ConsumerRecord, letter: DeadLetter) -> Headers:
+    error = () if letter.error is None else ((HEADER_DEAD_LETTER_ERROR, letter.error.encode()),)
+    return (
+        (HEADER_DEAD_LETTER_REASON, letter.reason.encode()),
+        (HEADER_DEAD_LETTER_DETAIL, letter.detail[:_MAX_DETAIL_CHARS].encode("utf-8", "replace")),
+        *error,
+        *_source(record),
+    )
 
 
 def _source(record: ConsumerRecord) -> Headers:

@@ -5,7 +5,14 @@ from aiokafka.structs import ConsumerRecord
 
 from streamdedup.document import DeadLetter
 from streamdedup.fingerprint import fingerprint_hex
-from streamdedup.kafka.records import OutgoingRecord, dead_letter, duplicate, novel
+from streamdedup.kafka.records import (
+    OutgoingRecord,
+    dead_letter,
+    duplicate,
+    novel,
+    record_bytes,
+    truncated_dead_letter,
+)
 
 
 def record(value: bytes | None, headers: list[tuple[str, bytes]]) -> ConsumerRecord:
@@ -47,3 +54,28 @@ def test_dead_letter_keeps_the_original_bytes_and_cuts_a_long_detail_on_a_charac
     assert headers["streamdedup-dead-letter-reason"] == b"not_utf8"
     assert headers["streamdedup-dead-letter-detail"].decode() == "é" * 1000
     assert (headers["streamdedup-source-topic"], headers["streamdedup-source-offset"]) == (b"news", b"41")
+
+
+def test_a_dead_letter_of_a_record_that_raised_names_the_error_class() -> None:
+    letter = DeadLetter("decode_error", "could not read the record: ValueError: too many digits", "news-3-41", "ValueError")
+    headers = dict(dead_letter(record(b"{}", []), "dlq", letter).headers)
+    assert headers["streamdedup-dead-letter-error"] == b"ValueError"
+    assert "streamdedup-dead-letter-error" not in dict(dead_letter(record(b"{}", []), "dlq", DeadLetter("x", "y", "z")).headers)
+
+
+def test_a_dead_letter_too_large_for_its_topic_is_cut_to_fit_keeping_key_and_headers() -> None:
+    big = record(b"v" * 50_000, [("trace", b"t")])
+    letter = DeadLetter("too_large", "value is 50000 bytes", "news-3-41")
+    whole = dead_letter(big, "dlq", letter)
+    out = truncated_dead_letter(big, "dlq", letter, 10_000)
+    assert record_bytes(out) <= 10_000 < record_bytes(whole)
+    assert (out.topic, out.key) == ("dlq", b"k") and 9_000 < len(out.value or b"") and big.value.startswith(out.value or b"x")
+    headers = dict(out.headers)
+    assert headers["trace"] == b"t"
+    assert headers["streamdedup-dead-letter-truncated"] == str(record_bytes(whole)).encode()
+    assert (headers["streamdedup-dead-letter-reason"], headers["streamdedup-source-offset"]) == (b"too_large", b"41")
+    # Headers too large to keep: the dead letter's own headers only, and as much of the value as fits.
+    loud = record(b"v" * 50_000, [("trace", b"t" * 20_000)])
+    cut = truncated_dead_letter(loud, "dlq", letter, 10_000)
+    assert record_bytes(cut) <= 10_000 and cut.key is None and "trace" not in dict(cut.headers)
+    assert dict(cut.headers)["streamdedup-source-topic"] == b"news" and len(cut.value or b"") > 8_000
