@@ -469,8 +469,8 @@ class DedupService(Lifecycle):
             return
         consumer.resume(assigned)
         self._split = False
-        committed = await consumer.committed(assigned)
         stored = await self._decisions.source_offsets()
+        committed = await self._committed(consumer, assigned, stored)
         # LMDB commits before Kafka, so the index is at or ahead of Kafka; behind means it lost data.
         behind = {
             tp: stored.get((tp.topic, tp.partition), 0)
@@ -491,6 +491,25 @@ class DedupService(Lifecycle):
             removed,
             extra={"committed": {f"{tp.topic}[{tp.partition}]": o for tp, o in sorted(committed.items())}},
         )
+
+    async def _committed(
+        self, consumer: BatchConsumer, assigned: frozenset[TopicPartition], stored: Mapping[tuple[str, int], int]
+    ) -> dict[TopicPartition, int]:
+        """Where each partition resumes: Kafka's committed offset; without one (a new group id, a group deleted
+        or its offsets expired) the index's own offset, so that nothing it holds is rolled back and published
+        again; the earliest offset for a partition neither knows."""
+        committed = await consumer.committed(assigned)
+        lost = sorted(tp for tp, offset in committed.items() if offset is None)
+        known = {tp: stored[(tp.topic, tp.partition)] for tp in lost if (tp.topic, tp.partition) in stored}
+        if known:
+            log.warning(
+                "Kafka has no committed offset of group %r for %s; resuming where the index is",
+                self.settings.kafka.group_id,
+                ", ".join(f"{tp.topic}[{tp.partition}] at {offset}" for tp, offset in sorted(known.items())),
+            )
+        unknown = [tp for tp in lost if tp not in known]
+        earliest = await consumer.beginning_offsets(unknown) if unknown else {}
+        return {tp: offset if offset is not None else known.get(tp, earliest.get(tp, 0)) for tp, offset in committed.items()}
 
     async def _replay(
         self, consumer: BatchConsumer, behind: Mapping[TopicPartition, int], committed: Mapping[TopicPartition, int]

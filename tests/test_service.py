@@ -675,6 +675,36 @@ async def test_a_record_larger_than_its_topics_take_is_dead_lettered_cut_to_fit(
     assert await committed_offset(kafka_bootstrap, settings.kafka.group_id, big_input) == len(stream)
 
 
+async def test_a_new_group_id_resumes_where_the_index_is_and_publishes_nothing_again(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    # Kafka forgets a group's offsets when the group id changes, the group is deleted or its offsets expire
+    # (offsets.retention.minutes): the index, which holds its own, must not be rolled back and republished.
+    stream = synthetic_stream(50, seed=11)
+    await kafka_produce(topics.input, stream)
+    first = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index"))
+    async with DedupService(first) as service:
+        await wait_for(lambda: _consumed(service, len(stream)), 60, "the stream to be processed")
+    published = len(await kafka_consume(topics.output))
+    assert 20 < published < 50
+
+    second = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index"))
+    assert second.kafka.group_id != first.kafka.group_id
+    late = json.dumps({"text": "one story that arrives after the group changed"}).encode()
+    async with DedupService(second) as service:
+        await kafka_produce(topics.input, [late])
+        await wait_for(lambda: _consumed(service, 1), 60, "the new record to be processed")
+        await asyncio.sleep(1)  # anything republished would be on its way by now
+        assert (service.stats.consumed, service.stats.published) == (1, 1)
+
+    output = await kafka_consume(topics.output)
+    assert len(output) == published + 1 and output[-1].value == late
+    assert await committed_offset(kafka_bootstrap, second.kafka.group_id, topics.input) == len(stream) + 1
+    with open_index(second, tmp_path / "index") as index:
+        assert index.source_offsets() == {(topics.input, 0): len(stream) + 1}
+        assert index.usage()["entries"] == published + 1
+
+
 @pytest.mark.usefixtures("expiry_every_batch")
 async def test_a_burst_of_times_in_milliseconds_does_not_expire_the_index(
     kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path

@@ -212,20 +212,14 @@ class BatchConsumer(Lifecycle):
             for partition in self.client.partitions_for_topic(topic) or ()
         )
 
-    async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """Kafka-committed next offsets; partitions never committed get their earliest available offset."""
-        partitions = sorted(partitions)
-        result: dict[TopicPartition, int] = {}
-        missing = []
-        for tp in partitions:
-            offset = await self.client.committed(tp)
-            if offset is None:
-                missing.append(tp)
-            else:
-                result[tp] = offset
-        if missing:
-            result.update(await self.client.beginning_offsets(missing))
-        return result
+    async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """Kafka-committed next offsets; None for a partition without one (never committed, or its group's
+        offsets deleted or expired)."""
+        return {tp: await self.client.committed(tp) for tp in sorted(partitions)}
+
+    async def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The earliest offset still in each partition."""
+        return await self.client.beginning_offsets(list(partitions))
 
     def seek(self, offsets: Mapping[TopicPartition, int]) -> None:
         for tp, offset in offsets.items():
