@@ -20,9 +20,9 @@ __all__ = [
     "DEFAULT_DUPLICATES_TOPIC",
     "DEFAULT_INPUT_TOPIC",
     "DEFAULT_OUTPUT_TOPIC",
+    "HEADER_DEAD_LETTER_DETAIL",
     "HEADER_DEAD_LETTER_ERROR",
     "HEADER_DEAD_LETTER_TRUNCATED",
-    "HEADER_DEAD_LETTER_DETAIL",
     "HEADER_MATCH_REASON",
     "HEADER_SOURCE_OFFSET",
     "HEADER_SOURCE_PARTITION",
@@ -55,11 +55,11 @@ HEADER_MATCH_REASON = "streamdedup-match-reason"
 HEADER_DEAD_LETTER_DETAIL = "streamdedup-dead-letter-detail"
 HEADER_SOURCE_TOPIC = "streamdedup-source-topic"
 HEADER_SOURCE_PARTITION = "streamdedup-source-partition"
+HEADER_SOURCE_OFFSET = "streamdedup-source-offset"
 # Dead letters of a record that raised: the error's class (ValueError, OverflowError, ...).
 HEADER_DEAD_LETTER_ERROR = "streamdedup-dead-letter-error"
 # A dead letter cut to fit its topic: the original record's size in bytes (the source headers say where it is).
 HEADER_DEAD_LETTER_TRUNCATED = "streamdedup-dead-letter-truncated"
-HEADER_SOURCE_OFFSET = "streamdedup-source-offset"
 
 # Kafka service: default topics and consumer group (config.yaml kafka section; the transactional id
 # derives from the group).
@@ -75,6 +75,7 @@ DEAD_LETTER_MISSING_FIELD = "missing_field"
 DEAD_LETTER_NOT_UTF8 = "not_utf8"
 DEAD_LETTER_EMPTY_TEXT = "empty_text"
 DEAD_LETTER_TOO_LARGE = "too_large"
+DEAD_LETTER_NULL_VALUE = "null_value"
 # Reading the record raised (a number too long for Python, a time past any float, ...).
 DEAD_LETTER_DECODE_ERROR = "decode_error"
 # The Kafka client could not parse the record (a header key that is not UTF-8): only its position is known.
@@ -84,19 +85,18 @@ DEAD_LETTER_SIGN_ERROR = "sign_error"
 DEAD_LETTER_DECIDE_ERROR = "decide_error"
 # What the service would publish for the record is larger than its topic (or the producer) accepts.
 DEAD_LETTER_OUTPUT_TOO_LARGE = "output_too_large"
-DEAD_LETTER_NULL_VALUE = "null_value"
 DEAD_LETTER_REASONS = (
     DEAD_LETTER_INVALID_JSON,
     DEAD_LETTER_MISSING_FIELD,
     DEAD_LETTER_NOT_UTF8,
     DEAD_LETTER_EMPTY_TEXT,
     DEAD_LETTER_TOO_LARGE,
+    DEAD_LETTER_NULL_VALUE,
     DEAD_LETTER_DECODE_ERROR,
     DEAD_LETTER_UNREADABLE,
     DEAD_LETTER_SIGN_ERROR,
     DEAD_LETTER_DECIDE_ERROR,
     DEAD_LETTER_OUTPUT_TOO_LARGE,
-    DEAD_LETTER_NULL_VALUE,
 )
 
 METRIC_PREFIX = "streamdedup_"
