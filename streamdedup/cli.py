@@ -14,7 +14,10 @@ from .bench import BENCHMARKS, LONG_BENCHMARKS
 from .logs import configure_logging
 from .settings import ConfigError, Settings, load_settings
 
-__all__ = ["main"]
+__all__ = ["EXIT_FENCED", "main"]
+
+# `streamdedup run` was replaced by a newer instance with its transactional id (see service.InstanceFenced).
+EXIT_FENCED = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,9 +114,12 @@ def _ensure_dir(path: Path) -> Path:
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from .service import run_service
+    from .service import InstanceFenced, run_service
 
-    asyncio.run(run_service(settings))
+    try:
+        asyncio.run(run_service(settings))
+    except InstanceFenced:
+        return EXIT_FENCED  # the service logged why; a traceback would add nothing
     return 0
 
 

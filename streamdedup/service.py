@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
 from .decide import BatchTimings, Verdict, Verdicts
@@ -61,7 +61,7 @@ from .settings import Settings
 from .signature import Signatures, SignerPool
 from .workers import WorkerDied
 
-__all__ = ["DedupService", "ServiceStats", "run_service"]
+__all__ = ["DedupService", "InstanceFenced", "ServiceStats", "run_service"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,11 @@ _DEAD_LETTER_LOG_SECONDS = 10.0
 # What a duplicate adds to its input record beside the fingerprint (match id, distance, reason, source): an
 # input record this much under its topic's limit fits there. Larger match ids are cut with the dead letter.
 _OUTPUT_HEADER_ALLOWANCE = 4096
+
+
+class InstanceFenced(RuntimeError):
+    """A producer with this instance's transactional id started after it: another instance took over (or the
+    broker aborted a transaction this one left open past ``transaction_timeout_ms``). The service stops."""
 
 
 @dataclass(frozen=True)
@@ -308,6 +313,16 @@ class DedupService(Lifecycle):
             started = time.monotonic()
             try:
                 await self._session()
+            except ProducerFenced as exc:
+                # A new producer would fence the instance that replaced this one, which would fence it back.
+                log.error(
+                    "FENCED: a newer producer with transactional id %r took over (another instance started with "
+                    "it, or this one was frozen past transaction_timeout_ms); stopping, having published nothing "
+                    "since its last committed batch",
+                    kafka.producer_transactional_id,
+                    extra={"consumed": self.stats.consumed, "published": self.stats.published},
+                )
+                raise InstanceFenced(f"fenced: transactional id {kafka.producer_transactional_id!r}") from exc
             except (KafkaError, OSError, TimeoutError) as exc:
                 if time.monotonic() - started > kafka.retry_backoff_max_seconds:
                     backoff = kafka.retry_backoff_seconds  # the last session worked for a while
@@ -375,6 +390,10 @@ class DedupService(Lifecycle):
                     # Records fetched before that are dropped here and fetched again from the committed offsets.
                     if self._rebalanced(consumer):
                         await self._settle()
+                        # An instance frozen until the group gave its partitions away comes back through here:
+                        # find out now whether it was replaced, not at a batch it may never get.
+                        if consumer.subscribed_partitions():
+                            await producer.check_not_fenced()
                         await self._reconcile(consumer)
                         continue
                     if self._split or not records:

@@ -7,10 +7,11 @@ import logging
 import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError, ProducerFenced
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 
@@ -60,6 +61,27 @@ class TransactionalProducer(Lifecycle):
             raise
         self._producer = producer
 
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Leaving on a Kafka, network or timeout error raises ``ProducerFenced`` instead when this producer was
+        fenced: the caller's next producer would fence the instance that replaced this one (an instance frozen
+        past its timeouts wakes up to such errors first)."""
+        try:
+            if isinstance(exc, (KafkaError, OSError, TimeoutError)) and not isinstance(exc, ProducerFenced):
+                await self._check_after_failure()
+        finally:
+            await self.stop()
+
+    async def _check_after_failure(self) -> None:
+        try:
+            async with asyncio.timeout(self.settings.request_timeout_ms / 1000):
+                await self.check_not_fenced()
+        except ProducerFenced:
+            raise
+        except Exception as exc:  # noqa: BLE001 (the producer or broker cannot tell: the original error stands)
+            log.info("could not check whether the producer was fenced: %s", repr(exc))
+
     async def stop(self) -> None:
         """Idempotent; an open transaction is left for the broker (or the next producer) to abort."""
         producer, self._producer = self._producer, None
@@ -90,6 +112,24 @@ class TransactionalProducer(Lifecycle):
         except BaseException:
             await self._abort(producer)
             raise
+
+    async def check_not_fenced(self) -> None:
+        """Raise ``ProducerFenced`` when another producer took this one's transactional id after it started.
+
+        An instance frozen past its timeouts learns it here instead of at its next batch, which may never come
+        (it idles while the instance that replaced it holds the partitions). The probe is a transaction the
+        broker checks the producer's epoch for: an offset of the first input partition for the group, then an
+        abort, so nothing is committed.
+        """
+        if self._producer is None:
+            raise RuntimeError("the producer is not started")
+        producer = self._producer
+        await producer.begin_transaction()
+        try:
+            partition = TopicPartition(self.settings.input_topics[0], 0)
+            await producer.send_offsets_to_transaction({partition: 0}, self.settings.group_id)
+        finally:
+            await self._abort(producer)
 
     async def _abort(self, producer: AIOKafkaProducer) -> None:
         try:
