@@ -78,9 +78,9 @@ class BottomK:
         padding = merged == EMPTY_SLOT
         np.copyto(merged, self._pad_values, where=padding)
         real = 2 * k - padding.view(np.uint8).sum(axis=1, dtype=counter)
-        # Two sorted runs side by side: numpy's stable sort (a merge sort) merges them in about half the time of
-        # its default.
-        merged.sort(axis=1, kind="stable")
+        # numpy's default sort is vectorised (SIMD) for unsigned integers: several times faster here than its
+        # stable sort, though that merges the two sorted runs in one pass.
+        merged.sort(axis=1)
         # Each sketch holds distinct values, so a value in both appears exactly twice, side by side: position
         # j + 1 repeats position j.
         repeat = merged[:, 1:] == merged[:, :-1]

@@ -17,6 +17,7 @@ __all__ = [
     "TableKeys",
     "first_copies",
     "most_shared",
+    "packed",
     "run_ranks",
     "table_keys",
     "table_rows",
@@ -142,10 +143,29 @@ def most_shared(rows: np.ndarray, named: np.ndarray, shared: np.ndarray, limit: 
     """Indices (ascending) of each row's ``limit`` candidates ``named`` that ``shared`` the most tables with it,
     the highest name (the newest entry, the latest batch row) first among equals: a near-copy shares most of
     its segments, a text that only shares a template's few."""
-    order = np.lexsort((~named.astype(np.uint64), -shared, rows))
+    if not len(rows):
+        return np.zeros(0, dtype=np.intp)
+    named = named.astype(np.uint64)
+    word = packed([rows, shared.max() - shared, named.max() - named])
+    order = np.lexsort((~named, -shared, rows)) if word is None else np.argsort(word[0])
     grouped = rows[order]
     starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
     return np.sort(order[run_ranks(starts, len(order)) < limit])
+
+
+def packed(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]] | None:
+    """Columns of non-negative integers packed into one uint64 per row, the first column in the highest bits, and
+    each column's width: sorting the words orders the rows as ``np.lexsort`` of the reversed columns would, in
+    one vectorised sort of one key (an order of magnitude faster). None when the columns need more than 64 bits.
+    """
+    widths = [max(1, int(column.max()).bit_length()) for column in columns]
+    if sum(widths) > 64:
+        return None
+    word = np.zeros(len(columns[0]), dtype=np.uint64)
+    for column, width in zip(columns, widths, strict=True):
+        word <<= np.uint64(width)
+        word |= column.astype(np.uint64)
+    return word, widths
 
 
 def run_ranks(starts: np.ndarray, length: int) -> np.ndarray:

@@ -62,7 +62,7 @@ import numpy as np
 from .. import names
 from ..settings import IndexSettings
 from .key_filter import KeyFilter
-from .keys import TableKeys, first_copies, most_shared, run_ranks, table_keys, table_rows
+from .keys import TableKeys, first_copies, most_shared, packed, run_ranks, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
 from .mirror import TableMirror
 from .packed_ids import PackedIds
@@ -732,12 +732,7 @@ class SegmentIndex:
             rows = np.concatenate([near, source[near_more]])
             named = self._folds_from_found(near_at // n, probed[probe_of[rows]], stored[rows])
         qi = batch_keys.rows.ravel()[near_at]
-        # A pair found through several tables counts once.
-        order = np.lexsort((named, qi))
-        qi, named = qi[order], named[order]
-        first = np.concatenate([[True], (qi[1:] != qi[:-1]) | (named[1:] != named[:-1])])
-        shared = np.diff(np.append(np.flatnonzero(first), len(first)))
-        qi, named = qi[first].astype(np.int64), named[first]
+        qi, named, shared = _distinct_pairs(qi, named)
         if max_candidates is not None and self._entry_valued:
             best = most_shared(qi, named, shared, max_candidates)
             best = best[batch_keys.well_shared(qi[best], shared[best])]
@@ -769,7 +764,8 @@ class SegmentIndex:
             if min_time is not None:
                 keep &= records.times[slot] >= min_time
             rows_q, seqs, distances = rows_q[keep], seqs[keep], distances[keep]
-        order = np.lexsort((seqs, distances, rows_q))
+        word = packed([rows_q, distances, seqs]) if len(rows_q) else None
+        order = np.lexsort((seqs, distances, rows_q)) if word is None else np.argsort(word[0])
         return SearchResult(rows_q[order], seqs[order], distances[order]), records
 
     def _trusted_key_filter(self, txn: Any) -> KeyFilter | None:
@@ -1609,6 +1605,20 @@ def _bucket_start(key: bytes, width: float) -> float:
     # Invert _orderable_time: the top bit tells the sign of the original float.
     bits = np.where(raw >> np.uint64(63), raw & ~np.uint64(1 << 63), ~raw)
     return float(bits.view(np.float64)[0]) * width
+
+
+def _distinct_pairs(rows: np.ndarray, named: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (row, named) pairs, sorted, and how many times each came (through how many tables)."""
+    word = packed([rows, named]) if len(rows) else None
+    if word is not None:
+        pairs, shared = np.unique(word[0], return_counts=True)
+        named_bits = word[1][1]
+        return (pairs >> np.uint64(named_bits)).astype(np.int64), pairs & np.uint64((1 << named_bits) - 1), shared
+    order = np.lexsort((named, rows))
+    rows, named = rows[order], named[order]
+    first = np.concatenate([[True], (rows[1:] != rows[:-1]) | (named[1:] != named[:-1])])
+    shared = np.diff(np.append(np.flatnonzero(first), len(first)))
+    return rows[first].astype(np.int64), named[first], shared
 
 
 def _subset(batch: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:

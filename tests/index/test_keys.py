@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from streamdedup.index import SegmentIndex, make_plan, table_keys
-from streamdedup.index.keys import LONE_SEGMENT_LIMIT
+from streamdedup.index.keys import LONE_SEGMENT_LIMIT, packed
 from streamdedup.index.plan import IndexPlan, make_segment_plan
 from tests.index.test_segment import _clustered
 
@@ -131,3 +131,17 @@ def test_the_index_refuses_keys_of_another_plan(tmp_path: Path) -> None:
             index.add([str(i) for i in range(10)], fps[:10], keys=table_keys(index.plan, fps))
         index.add([str(i) for i in range(50)], fps, keys=table_keys(index.plan, fps))
         assert index.search(fps[:5], keys=table_keys(index.plan, fps[:5])).rows.tolist() == index.search(fps[:5]).rows.tolist()
+
+
+def test_packed_columns_sort_as_lexsort_does_and_refuse_what_does_not_fit() -> None:
+    rng = np.random.default_rng(17)
+    rows, shared, named = rng.integers(0, 2048, 5000), rng.integers(0, 33, 5000), rng.integers(0, 2**40, 5000)
+    word, widths = packed([rows, shared, named.astype(np.uint64)])
+    assert widths == [11, 6, 40]
+    assert np.array_equal(np.argsort(word, kind="stable"), np.lexsort((named, shared, rows)))
+    assert packed([rows, named.astype(np.uint64) << np.uint64(20)]) is None
+    # A column of zeros still takes a bit: with it, a 63-bit column fits and a 64-bit one does not.
+    zeros = np.zeros(3, np.int64)
+    fitting = packed([zeros, np.full(3, 2**63 - 1, np.uint64)])
+    assert fitting is not None and fitting[1] == [1, 63]
+    assert packed([zeros, np.full(3, 2**63, np.uint64)]) is None
