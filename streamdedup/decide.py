@@ -178,8 +178,9 @@ class Deduplicator:
         signed under the index's plan, they also save keying the batch.
 
         A batch whose decision raises (a bug some document sets off) is decided again in halves, each its own
-        transaction, down to the documents that fail alone: each of those passes unjudged, as ``unindexable``
-        with the error (published, not stored), and the error is logged; a stream never stops on one document.
+        transaction, down to the documents that fail alone: each of those gets the verdict ``unindexable`` with
+        the error and is not stored (the service dead-letters it), and the error is logged; a stream never stops
+        on one document.
         Storage errors (a full disk) fail the batch as a whole.
         """
         if signatures is None:
@@ -213,7 +214,7 @@ class Deduplicator:
         error: Exception,
     ) -> Verdicts:
         """The verdict of a document that cannot be decided: passed on, not stored, with the error."""
-        log.error("document %r cannot be decided; it passes unjudged", doc.id, exc_info=error)
+        log.error("document %r cannot be decided", doc.id, exc_info=error)
         if source_offsets:
             self.index.add([], signatures.fingerprints[:0], source_offsets=source_offsets)
         reason = f"not decided: {type(error).__name__}: {error}"

@@ -705,6 +705,36 @@ async def test_a_new_group_id_resumes_where_the_index_is_and_publishes_nothing_a
         assert index.usage()["entries"] == published + 1
 
 
+async def test_an_upstream_redelivery_under_the_same_id_is_dropped_across_batches(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    # A producer that retries without idempotence sends a record again at a new offset, its text sometimes
+    # rewritten on the way (a refreshed feed item): with input.id_field the id says it is the same document.
+    first = [
+        OutRecord(b'{"id": "a", "text": "a storm closes the harbour for the whole weekend"}'),
+        OutRecord(b'{"id": "b", "text": "the council votes on the new cycling lanes tonight"}'),
+    ]
+    again = [
+        OutRecord(b'{"id": "a", "text": "UPDATED: harbour reopens on Monday morning after the storm"}'),
+        OutRecord(b'{"id": "c", "text": "a bakery wins the regional bread prize for a third year"}'),
+        OutRecord(b'{"id": "c", "text": "a bakery wins the regional bread prize for a third year"}'),
+    ]
+    settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index"), input={"id_field": "id"})
+    async with DedupService(settings) as service:
+        await kafka_produce(topics.input, first)
+        await wait_for(lambda: _consumed(service, len(first)), 60, "the first records to be processed")
+        await kafka_produce(topics.input, again)
+        await wait_for(lambda: _consumed(service, len(first) + len(again)), 60, "the redeliveries to be processed")
+
+    output = await kafka_consume(topics.output, count=3)
+    assert [r.value for r in output] == [first[0].value, first[1].value, again[1].value]
+    duplicates = await kafka_consume(topics.duplicates, count=2)
+    assert [(r.value, header(r, HEADER_MATCH_REASON), header(r, HEADER_MATCH_ID)) for r in duplicates] == [
+        (again[0].value, b"redelivered", b"a"),
+        (again[2].value, b"redelivered", b"c"),
+    ]
+
+
 @pytest.mark.usefixtures("expiry_every_batch")
 async def test_a_burst_of_times_in_milliseconds_does_not_expire_the_index(
     kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
