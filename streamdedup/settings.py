@@ -133,7 +133,7 @@ class IndexSettings(Section):
     map_size_bytes: int = Field(default=1 << 30, ge=1 << 16)
     max_map_size_bytes: int | None = Field(default=None, ge=1 << 16)
     sync: bool = True
-    mirror_bytes: int = Field(default=256 << 20, ge=0)
+    mirror_bytes: int = Field(default=320 << 20, ge=0)
 
 
 class DedupSettings(Section):

@@ -51,8 +51,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import islice
-from operator import itemgetter
+from itertools import compress, islice, repeat
+from operator import is_not, itemgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,7 +64,7 @@ from ..settings import IndexSettings
 from .key_filter import KeyFilter
 from .keys import TableKeys, first_copies, most_shared, packed, run_ranks, table_keys, table_rows
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
-from .mirror import TableMirror
+from .mirror import MIRROR_RECORD_BYTES, TableMirror
 from .packed_ids import PackedIds
 from .sorted_rows import SortedRows, expand_ranges
 from .table import BIG_ENDIAN_U64 as _U64
@@ -234,7 +234,7 @@ class SegmentIndex:
         max_map_size: int | None = None,
         sync: bool = True,
         readonly: bool = False,
-        mirror_bytes: int = 256 << 20,
+        mirror_bytes: int = 320 << 20,
         signing: str | None = None,
         key_capacity: int | None = None,
     ) -> None:
@@ -833,17 +833,26 @@ class SegmentIndex:
     def _fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
         """Raw records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
         seqs = np.unique(np.asarray(seqs, dtype=np.uint64))
+        # A write transaction's view may hold what it then aborts: only reads go through the cached records.
+        mirror = None if self._txn.writing else self._table_mirror(txn)
         with txn.cursor(self._entries) as cursor:
-            found = cursor.getmulti(_seq_bytes(seqs))
+            if mirror is None:
+                found = cursor.getmulti(_seq_bytes(seqs))
+                values = list(map(itemgetter(1), found))
+            else:
+                held = mirror.records.read(_seq_bytes(seqs), cursor.getmulti)
+                present = np.fromiter(map(is_not, held, repeat(None)), dtype=bool, count=len(held))
+                values = held if present.all() else list(compress(held, present))
         size = self._record.itemsize
         # Every key found (the usual case): the entries are the keys asked for.
-        if len(found) == len(seqs):
+        if len(values) == len(seqs):
             entries = seqs
-        else:
+        elif mirror is None:
             entries = np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=_U64).astype(np.uint64)
+        else:
+            entries = seqs[present]
         # Heads and ids each joined in one pass of C (map with itemgetter), not sliced record by record; ids
         # stay bytes until read.
-        values = list(map(itemgetter(1), found))
         head = np.frombuffer(b"".join(map(itemgetter(slice(None, size)), values)), dtype=self._record)
         id_lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values)) - size
         stops = np.cumsum(id_lengths)
@@ -1336,6 +1345,9 @@ class SegmentIndex:
         if not n:
             return 0
         seq_keys = _seq_bytes(entries)
+        mirror = self._table_mirror(txn)
+        if mirror is not None:
+            mirror.records.forget(seq_keys)
         id_keys = self._id_keys([x.encode() for x in ids])
         for i in range(n):
             txn.delete(seq_keys[i], db=self._entries)
@@ -1477,17 +1489,19 @@ class SegmentIndex:
 
     def usage(self) -> dict[str, int]:
         """What the index holds and occupies: entries, disk_bytes (LMDB pages in use), map_size, and this writer's
-        copy of the merged tables in memory (mirrored_tables of them, in mirror_bytes). Cheap enough for a service
-        to refresh every few seconds, unlike ``stats`` (its plan's recall table)."""
+        copies in memory (mirrored_tables of the merged tables, and the records read lately: mirror_bytes in all).
+        Cheap enough for a service to refresh every few seconds, unlike ``stats`` (its plan's recall table)."""
         with self._read() as txn:
             count = self._counter(txn, _META_COUNT)
-        mirrored = [rows for rows in self._mirror.tables if rows is not None] if self._mirror is not None else []
+        mirror = self._mirror
+        mirrored = [rows for rows in mirror.tables if rows is not None] if mirror is not None else []
+        records = 0 if mirror is None else len(mirror.records) * MIRROR_RECORD_BYTES
         return {
             "entries": count,
             "disk_bytes": sum(self.disk_bytes().values()),
             "map_size": self.env.info()["map_size"],
             "mirrored_tables": len(mirrored),
-            "mirror_bytes": sum(rows.nbytes for rows in mirrored),
+            "mirror_bytes": sum(rows.nbytes for rows in mirrored) + records,
         }
 
     def stats(self) -> dict[str, Any]:
