@@ -84,7 +84,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _fingerprint(args: argparse.Namespace, settings: Settings) -> int:
-    from .fingerprint import fingerprint_command
+    from .offline import fingerprint_command
 
     return fingerprint_command(args.text, args.file, settings)
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from pathlib import Path
 from typing import Literal, NamedTuple, overload
 
 import numpy as np
@@ -22,9 +23,9 @@ from .document import Document
 from .index import STORAGE_ERRORS, SegmentIndex, TableKeys
 from .minhash import SKETCH_DTYPE
 from .settings import Settings
-from .signature import BatchPairs, Signatures, Signer
+from .signature import BatchPairs, Signatures, Signer, signing_id
 
-__all__ = ["BatchTimings", "Deduplicator", "Verdict", "Verdicts"]
+__all__ = ["BatchTimings", "Deduplicator", "Verdict", "Verdicts", "open_index"]
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,24 @@ class BatchTimings:
     def share(self, fraction: float, batches: int) -> BatchTimings:
         """One batch's part of the timings of ``batches`` decided together: ``fraction`` of each stage."""
         return BatchTimings(self.fingerprint * fraction, self.lookup * fraction, self.store * fraction, batches)
+
+
+def open_index(settings: Settings, path: Path, *, durable: bool = True) -> SegmentIndex:
+    """The index the settings describe, at ``path``: the one place service and offline mode open it.
+
+    ``durable=False`` skips the fsync per batch (``index.sync``) for a run that cannot resume after an OS
+    crash anyway (the offline mode); the index is flushed once when it closes."""
+    index_settings = settings.index if durable else settings.index.model_copy(update={"sync": False})
+    return SegmentIndex.from_settings(
+        index_settings,
+        bits=settings.fingerprint.width,
+        payload_bytes=settings.dedup.sketch_size * SKETCH_DTYPE.itemsize,
+        path=path,
+        segments=settings.fingerprint.segments,
+        signing=signing_id(settings.fingerprint, settings.dedup),
+        key_capacity=settings.dedup.key_capacity,
+    )
+
 
 
 class Deduplicator:

@@ -18,11 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .decide import BatchTimings, Deduplicator, Verdicts
+from .decide import BatchTimings, Deduplicator, Verdicts, open_index
 from .document import Document
 from .index import IndexPlan
 from .lifecycle import Lifecycle
-from .offline import open_index
 from .settings import Settings
 from .signature import Signatures
 from .workers import WorkerDied, WorkerProcess, served_together

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .decide import Deduplicator, Verdict
+from .decide import Deduplicator, Verdict, open_index
 from .document import Document
 from .fingerprint import fingerprint_hex
-from .offline import open_index
 from .settings import Settings
 
 __all__ = ["Explanation", "explain"]

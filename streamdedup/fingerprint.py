@@ -8,25 +8,26 @@ clear) over the document's features is > 0.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import islice
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 
-from .document import DeadLetter, Document, DocumentDecoder
-from .features import MAX_DOCUMENTS, FeatureBatch, FeatureExtractor, among_first, route_of
+from .features import (
+    MAX_DOCUMENTS,
+    FeatureBatch,
+    FeatureExtractor,
+    among_first,
+    route_of,
+)
 from .normalize import CodePointBatch, Normalizer
-from .settings import FeatureSettings, FingerprintSettings, Settings
+from .settings import FeatureSettings, FingerprintSettings
 
 __all__ = [
     "FingerprintBatch",
     "Fingerprinter",
-    "fingerprint_command",
     "fingerprint_hex",
     "segmented_simhash",
     "simhash_from_bits",
@@ -38,7 +39,6 @@ __all__ = [
 _CHUNK_CODE_POINTS = 1 << 18
 # Feature-bit cells per summation pass (memory, not speed).
 _CHUNK_CELLS = 1 << 23
-_COMMAND_BATCH = 1024  # records per batch in fingerprint_command
 _LANE_LIMIT = 255  # words summed per block: the byte counters of _ones_per_bit hold up to 255
 _BYTE_LANES = np.uint64(0x0101010101010101)
 _SIZE_CLASSES = ((0, 8), (8, 16), (16, 32), (32, 64), (64, 128), (128, 1 << 62))  # features per document
@@ -471,41 +471,3 @@ def _place(features: FeatureBatch, usable: list[int], total: int) -> FeatureBatc
     offsets = np.zeros(total + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return FeatureBatch(features.hashes, features.weights, offsets, features.digests, features.identities)
-
-
-def fingerprint_command(
-    text: str | None,
-    path: str | Path | None,
-    settings: Settings,
-    *,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-) -> int:
-    """``streamdedup fingerprint``: the hex fingerprint of ``text``, or one line per record of the JSONL
-    file ``path`` (records decoded as the service does; a record that cannot be fingerprinted prints ``-``
-    and its reason goes to ``err``). Returns the exit status: 1 when some record failed, 2 on bad usage."""
-    out = out or sys.stdout
-    err = err or sys.stderr
-    if text is not None and path is None:
-        fingerprinter = Fingerprinter.from_settings(settings.fingerprint)
-        print(fingerprint_hex(fingerprinter.fingerprint([text]))[0], file=out)
-        return 0
-    if path is None or text is not None:
-        print("streamdedup fingerprint: give either a text or --file", file=err)
-        return 2
-    fingerprinter = Fingerprinter.from_settings(settings.fingerprint)
-    decoder = DocumentDecoder(settings.input)
-    failed = False
-    with open(path, "rb") as lines:
-        while batch := list(islice(lines, _COMMAND_BATCH)):
-            decoded = [decoder.decode(line.rstrip(b"\r\n"), default_id="", timestamp=0.0) for line in batch]
-            texts = [each.text if isinstance(each, Document) else None for each in decoded]
-            result = fingerprinter.fingerprint_batch(texts)
-            for each, hex_value, error in zip(decoded, fingerprint_hex(result.fingerprints), result.errors, strict=True):
-                if isinstance(each, DeadLetter) or error is not None:
-                    failed = True
-                    reason = f"{each.reason}: {each.detail}" if isinstance(each, DeadLetter) else error
-                    print(f"streamdedup fingerprint: record skipped: {reason}", file=err)
-                    hex_value = "-"
-                print(hex_value, file=out)
-    return 1 if failed else 0

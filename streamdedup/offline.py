@@ -13,20 +13,23 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 import numpy as np
 from tqdm import tqdm
 
-from .decide import Deduplicator, Verdicts
+from .decide import Deduplicator, Verdicts, open_index
 from .document import DeadLetter, Document, DocumentDecoder
-from .index import IndexPlan, SegmentIndex, planned
-from .minhash import SKETCH_DTYPE
+from .fingerprint import Fingerprinter, fingerprint_hex
+from .index import IndexPlan, planned
 from .settings import InputSettings, Settings
-from .signature import Signatures, Signer, SignerPool, signing_id
+from .signature import Signatures, Signer, SignerPool
 
-__all__ = ["DedupSummary", "decide_lines", "dedup_file", "index_plan", "open_index", "signer_pool"]
+__all__ = ["DedupSummary", "decide_lines", "dedup_file", "fingerprint_command", "index_plan", "signer_pool"]
+
+_FINGERPRINT_BATCH = 1024  # records per batch in fingerprint_command
 
 
 @dataclass
@@ -45,23 +48,6 @@ class DedupSummary:
             "dead_lettered": dict(self.dead_lettered),
             "examples": [{"id": i, "duplicate_of": m, "distance": d} for i, m, d in self.examples],
         }
-
-
-def open_index(settings: Settings, path: Path, *, durable: bool = True) -> SegmentIndex:
-    """The index the settings describe, at ``path``: the one place service and offline mode open it.
-
-    ``durable=False`` skips the fsync per batch (``index.sync``) for a run that cannot resume after an OS
-    crash anyway (the offline mode); the index is flushed once when it closes."""
-    index_settings = settings.index if durable else settings.index.model_copy(update={"sync": False})
-    return SegmentIndex.from_settings(
-        index_settings,
-        bits=settings.fingerprint.width,
-        payload_bytes=settings.dedup.sketch_size * SKETCH_DTYPE.itemsize,
-        path=path,
-        segments=settings.fingerprint.segments,
-        signing=signing_id(settings.fingerprint, settings.dedup),
-        key_capacity=settings.dedup.key_capacity,
-    )
 
 
 def index_plan(settings: Settings) -> IndexPlan:
@@ -203,3 +189,41 @@ def _with_newline(line: bytes) -> bytes:
 def _dead_letter_line(line: bytes, letter: DeadLetter) -> bytes:
     record = {"reason": letter.reason, "detail": letter.detail, "original": line.decode("utf-8", "replace").rstrip("\n")}
     return json.dumps(record, ensure_ascii=False).encode() + b"\n"
+
+
+def fingerprint_command(
+    text: str | None,
+    path: str | Path | None,
+    settings: Settings,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """``streamdedup fingerprint``: the hex fingerprint of ``text``, or one line per record of the JSONL
+    file ``path`` (records decoded as the service does; a record that cannot be fingerprinted prints ``-``
+    and its reason goes to ``err``). Returns the exit status: 1 when some record failed, 2 on bad usage."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if text is not None and path is None:
+        fingerprinter = Fingerprinter.from_settings(settings.fingerprint)
+        print(fingerprint_hex(fingerprinter.fingerprint([text]))[0], file=out)
+        return 0
+    if path is None or text is not None:
+        print("streamdedup fingerprint: give either a text or --file", file=err)
+        return 2
+    fingerprinter = Fingerprinter.from_settings(settings.fingerprint)
+    decoder = DocumentDecoder(settings.input)
+    failed = False
+    with open(path, "rb") as lines:
+        while batch := list(islice(lines, _FINGERPRINT_BATCH)):
+            decoded = [decoder.decode(line.rstrip(b"\r\n"), default_id="", timestamp=0.0) for line in batch]
+            texts = [each.text if isinstance(each, Document) else None for each in decoded]
+            result = fingerprinter.fingerprint_batch(texts)
+            for each, hex_value, error in zip(decoded, fingerprint_hex(result.fingerprints), result.errors, strict=True):
+                if isinstance(each, DeadLetter) or error is not None:
+                    failed = True
+                    reason = f"{each.reason}: {each.detail}" if isinstance(each, DeadLetter) else error
+                    print(f"streamdedup fingerprint: record skipped: {reason}", file=err)
+                    hex_value = "-"
+                print(hex_value, file=out)
+    return 1 if failed else 0

@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from streamdedup.bench.adversarial import boilerplate_stream, template_stream
-from streamdedup.decide import Deduplicator, Verdict, Verdicts
+from streamdedup.decide import Deduplicator, Verdict, Verdicts, open_index
 from streamdedup.document import Document
 from streamdedup.index import IndexStorageError
-from streamdedup.offline import open_index
 from streamdedup.quality.corpus import load_stream
 from streamdedup.settings import Settings, load_settings
 from tests.conftest import plant_decision_bug

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from streamdedup.decide import Deduplicator
+from streamdedup.decide import Deduplicator, open_index
 from streamdedup.decision_process import DecisionProcess, DecisionProcessDied
 from streamdedup.document import Document
 from streamdedup.index.plan import PlanError
-from streamdedup.offline import open_index
 from streamdedup.quality.corpus import load_stream
 from streamdedup.settings import Settings, load_settings
 from streamdedup.signature import Signer

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from streamdedup.cli import main
+from streamdedup.decide import open_index
 from streamdedup.index import PlanError
-from streamdedup.offline import dedup_file, open_index
+from streamdedup.offline import dedup_file
 from streamdedup.settings import load_settings
 from streamdedup.signature import signing_id
 

@@ -29,15 +29,16 @@ from aiokafka.admin import NewTopic
 from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import ConsumerRecord
 
-from streamdedup.decide import Deduplicator
+from streamdedup import service as service_module
+from streamdedup.decide import Deduplicator, open_index
 from streamdedup.decision_process import DecisionProcess
 from streamdedup.document import Document, DocumentDecoder
+from streamdedup.fingerprint import fingerprint_hex
 from streamdedup.kafka.admin import admin_client, ensure_topics
 from streamdedup.kafka.broker import LocalBroker
 from streamdedup.kafka.producer import send_batched
 from streamdedup.kafka.records import OutgoingRecord
 from streamdedup.metrics import WORKER_KINDS
-from streamdedup.fingerprint import fingerprint_hex
 from streamdedup.names import (
     HEADER_DEAD_LETTER_DETAIL,
     HEADER_DEAD_LETTER_ERROR,
@@ -51,11 +52,9 @@ from streamdedup.names import (
     HEADER_SOURCE_PARTITION,
     HEADER_SOURCE_TOPIC,
 )
-from streamdedup.offline import open_index
-from streamdedup import service as service_module
 from streamdedup.service import DedupService
-from streamdedup.signature import SignerPool, Signatures
 from streamdedup.settings import Settings, load_settings
+from streamdedup.signature import Signatures, SignerPool
 from tests.conftest import (
     SECURED_USER,
     OutRecord,

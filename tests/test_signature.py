@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamdedup.decide import Deduplicator
+from streamdedup.decide import Deduplicator, open_index
 from streamdedup.document import Document
 from streamdedup.features import FeatureExtractor, route_of
 from streamdedup.fingerprint import Fingerprinter
 from streamdedup.index.plan import make_segment_plan
 from streamdedup.minhash import BottomK
-from streamdedup.offline import index_plan, open_index
+from streamdedup.offline import index_plan
 from streamdedup.quality.corpus import load_stream
 from streamdedup.settings import FeatureSettings, Settings, load_settings
 from streamdedup.signature import (

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from ..decide import Deduplicator, Verdicts
-from ..offline import decide_lines, open_index, signer_pool
+from ..decide import Deduplicator, Verdicts, open_index
+from ..offline import decide_lines, signer_pool
 from ..settings import Settings
 from .growth_corpus import DEFAULT_CORPUS, SOURCES, ensure_corpus, read_corpus
 from .host import CpuMeter
