@@ -30,6 +30,8 @@ __all__ = [
     "HEADER_FINGERPRINT",
     "HEADER_MATCH_DISTANCE",
     "HEADER_MATCH_ID",
+    "HEADER_MATCH_JACCARD",
+    "HEADER_MATCH_THRESHOLD",
     "HEADER_DEAD_LETTER_REASON",
     "METRIC_PREFIX",
     "INDEX_DB_ENTRIES",
@@ -60,6 +62,10 @@ HEADER_SOURCE_OFFSET = "streamdedup-source-offset"
 HEADER_DEAD_LETTER_ERROR = "streamdedup-dead-letter-error"
 # A dead letter cut to fit its topic: the original record's size in bytes (the source headers say where it is).
 HEADER_DEAD_LETTER_TRUNCATED = "streamdedup-dead-letter-truncated"
+# Duplicates: the estimated Jaccard of the two texts (3 decimals) and the dedup.min_jaccard it was held to
+# (absent when dedup.verify is off: then no threshold decided).
+HEADER_MATCH_JACCARD = "streamdedup-match-jaccard"
+HEADER_MATCH_THRESHOLD = "streamdedup-match-threshold"
 
 # Kafka service: default topics and consumer group (config.yaml kafka section; the transactional id
 # derives from the group).

@@ -755,6 +755,8 @@ class DedupService(Lifecycle):
                         verdict.reason,
                         verdict.match_id or "",
                         verdict.distance if verdict.distance is not None else -1,
+                        jaccard=verdict.jaccard,
+                        threshold=self.settings.dedup.min_jaccard if self.settings.dedup.verify else None,
                     )
                 )
         return outgoing, dropped, dead

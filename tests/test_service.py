@@ -47,7 +47,9 @@ from streamdedup.names import (
     HEADER_FINGERPRINT,
     HEADER_MATCH_DISTANCE,
     HEADER_MATCH_ID,
+    HEADER_MATCH_JACCARD,
     HEADER_MATCH_REASON,
+    HEADER_MATCH_THRESHOLD,
     HEADER_SOURCE_OFFSET,
     HEADER_SOURCE_PARTITION,
     HEADER_SOURCE_TOPIC,
@@ -233,6 +235,7 @@ async def test_novel_duplicates_and_dead_letters_end_to_end(
     assert header(duplicates[0], HEADER_MATCH_DISTANCE) == b"0"
     assert header(duplicates[0], HEADER_MATCH_REASON) == b"exact"
     assert header(duplicates[1], HEADER_MATCH_REASON) in (b"exact", b"near")
+    assert [(header(r, HEADER_MATCH_JACCARD), header(r, HEADER_MATCH_THRESHOLD)) for r in duplicates] == [(b"1.000", b"0.55")] * 2
     assert header(duplicates[0], HEADER_FINGERPRINT) == header(output[0], HEADER_FINGERPRINT)
     assert [h for h in duplicates[0].headers if h[0] == "origin"] == [("origin", b"feed-2")]
 

@@ -21,7 +21,9 @@ from ..names import (
     HEADER_FINGERPRINT,
     HEADER_MATCH_DISTANCE,
     HEADER_MATCH_ID,
+    HEADER_MATCH_JACCARD,
     HEADER_MATCH_REASON,
+    HEADER_MATCH_THRESHOLD,
     HEADER_SOURCE_OFFSET,
     HEADER_SOURCE_PARTITION,
     HEADER_SOURCE_TOPIC,
@@ -67,9 +69,22 @@ def novel(record: ConsumerRecord, topic: str, fingerprint: str) -> OutgoingRecor
 
 
 def duplicate(
-    record: ConsumerRecord, topic: str, fingerprint: str, reason: str, match_id: str, distance: int
+    record: ConsumerRecord,
+    topic: str,
+    fingerprint: str,
+    reason: str,
+    match_id: str,
+    distance: int,
+    *,
+    jaccard: float | None,
+    threshold: float | None,
 ) -> OutgoingRecord:
-    """The original record plus what it duplicates (match id, Hamming distance, exact/near) and where it was."""
+    """The original record plus what it duplicates (match id, Hamming distance, exact/near/redelivered), the
+    estimated Jaccard of the two texts and the threshold it was held to (each header left out when None), and
+    where it was."""
+    measured = () if jaccard is None else ((HEADER_MATCH_JACCARD, f"{jaccard:.3f}".encode()),)
+    # The threshold as configured (repr), not rounded: 0.55 reads as 0.55.
+    held_to = () if threshold is None else ((HEADER_MATCH_THRESHOLD, repr(float(threshold)).encode()),)
     return OutgoingRecord(
         topic,
         record.value,
@@ -80,6 +95,8 @@ def duplicate(
             (HEADER_MATCH_ID, match_id.encode()),
             (HEADER_MATCH_DISTANCE, str(distance).encode()),
             (HEADER_MATCH_REASON, reason.encode()),
+            *measured,
+            *held_to,
             *_source(record),
         ),
     )

@@ -32,17 +32,27 @@ def test_novel_keeps_key_value_and_headers_and_adds_the_fingerprint() -> None:
     assert out == OutgoingRecord("out", b"v", b"k", (("a", b"1"), ("streamdedup-fingerprint", b"00000000000000ff")))
 
 
-def test_duplicate_names_match_distance_reason_and_source() -> None:
-    out = duplicate(record(b"v", []), "dups", "0000000000000000", "near", "news-3-7", 2)
+def test_duplicate_names_match_distance_reason_jaccard_threshold_and_source() -> None:
+    out = duplicate(record(b"v", []), "dups", "0000000000000000", "near", "news-3-7", 2, jaccard=0.859375, threshold=0.55)
     assert out.headers == (
         ("streamdedup-fingerprint", b"0000000000000000"),
         ("streamdedup-match-id", b"news-3-7"),
         ("streamdedup-match-distance", b"2"),
         ("streamdedup-match-reason", b"near"),
+        ("streamdedup-match-jaccard", b"0.859"),
+        ("streamdedup-match-threshold", b"0.55"),
         ("streamdedup-source-topic", b"news"),
         ("streamdedup-source-partition", b"3"),
         ("streamdedup-source-offset", b"41"),
     )
+
+
+def test_a_duplicate_without_a_threshold_or_jaccard_leaves_those_headers_out() -> None:
+    # dedup.verify off: no threshold decided.
+    headers = dict(duplicate(record(b"v", []), "dups", "00", "exact", "news-3-7", 0, jaccard=1.0, threshold=None).headers)
+    assert headers["streamdedup-match-jaccard"] == b"1.000" and "streamdedup-match-threshold" not in headers
+    bare = dict(duplicate(record(b"v", []), "dups", "00", "near", "news-3-7", 9, jaccard=None, threshold=None).headers)
+    assert "streamdedup-match-jaccard" not in bare and bare["streamdedup-match-distance"] == b"9"
 
 
 def test_dead_letter_keeps_the_original_bytes_and_cuts_a_long_detail_on_a_character_boundary() -> None:
