@@ -15,7 +15,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import BinaryIO, NamedTuple, TextIO
 
 import numpy as np
 from tqdm import tqdm
@@ -27,9 +27,19 @@ from .index import IndexPlan, planned
 from .settings import InputSettings, Settings
 from .signature import Signatures, Signer, SignerPool
 
-__all__ = ["DedupSummary", "decide_lines", "dedup_file", "fingerprint_command", "index_plan", "signer_pool"]
+__all__ = ["DedupSummary", "Example", "decide_lines", "dedup_file", "fingerprint_command", "index_plan", "signer_pool"]
 
 _FINGERPRINT_BATCH = 1024  # records per batch in fingerprint_command
+
+
+class Example(NamedTuple):
+    """A dropped document and what decided it."""
+
+    id: str
+    duplicate_of: str
+    reason: str
+    jaccard: float | None
+    distance: int
 
 
 @dataclass
@@ -38,17 +48,35 @@ class DedupSummary:
     kept: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     dead_lettered: Counter[str] = field(default_factory=Counter)
-    examples: list[tuple[str, str, int]] = field(default_factory=list)
+    examples: list[Example] = field(default_factory=list)
+    # dedup.min_jaccard; None when dedup.verify is off (every candidate is then dropped).
+    threshold: float | None = None
+    # The estimated Jaccard of each dropped document with its match, by reason, a batch's array at a time.
+    jaccards: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+    def jaccard_range(self) -> dict[str, dict[str, float]]:
+        """Per reason, the least, median and greatest estimated Jaccard of the dropped documents."""
+        ranges = {}
+        for reason, parts in sorted(self.jaccards.items()):
+            values = np.concatenate(parts)
+            if len(values):
+                low, median, high = np.quantile(values, [0.0, 0.5, 1.0]).tolist()
+                ranges[reason] = {"min": round(low, 3), "median": round(median, 3), "max": round(high, 3)}
+        return ranges
 
     def as_dict(self) -> dict[str, object]:
         return {
             "read": self.read,
             "kept": self.kept,
             "dropped": dict(self.dropped),
+            "threshold": self.threshold,
+            "dropped_jaccard": self.jaccard_range(),
             "dead_lettered": dict(self.dead_lettered),
-            "examples": [{"id": i, "duplicate_of": m, "distance": d} for i, m, d in self.examples],
+            "examples": [
+                {**example._asdict(), "jaccard": None if example.jaccard is None else round(example.jaccard, 3)}
+                for example in self.examples
+            ],
         }
-
 
 def index_plan(settings: Settings) -> IndexPlan:
     """The table plan of a new index under ``settings`` (an existing index keeps its own)."""
@@ -131,7 +159,7 @@ def dedup_file(
     batch_size = batch_size or settings.dedup.batch_size
     # JSONL records carry their own id; Kafka's default (topic-partition-offset) has no meaning here.
     input_settings = settings.input.model_copy(update={"id_field": settings.input.id_field or "id"})
-    summary = DedupSummary()
+    summary = DedupSummary(threshold=settings.dedup.min_jaccard if settings.dedup.verify else None)
     show_progress = sys.stderr.isatty() if progress is None else progress
     dead_letter_path = dead_letter_path or output_path.with_name(output_path.name + ".dead-letters.jsonl")
     with (
@@ -164,10 +192,16 @@ def _account(summary: DedupSummary, docs: list[Document], verdicts: Verdicts, ma
     """Count a decided batch from its verdicts' columns: a Python step per duplicate, none per kept document."""
     duplicates = np.flatnonzero(~verdicts.novel).tolist()
     summary.kept += len(docs) - len(duplicates)
-    summary.dropped.update(verdicts.reasons[row] for row in duplicates)
+    reasons = [verdicts.reasons[row] for row in duplicates]
+    summary.dropped.update(reasons)
+    jaccards = np.array([verdicts.jaccards[row] for row in duplicates], dtype=np.float64)
+    by_reason = np.array(reasons)
+    for reason in set(reasons):
+        summary.jaccards.setdefault(reason, []).append(jaccards[by_reason == reason])
     for row in duplicates[: max(0, max_examples - len(summary.examples))]:
-        summary.examples.append((docs[row].id, verdicts.match_ids[row] or "", verdicts.distances[row] or 0))
-
+        summary.examples.append(
+            Example(docs[row].id, verdicts.match_ids[row] or "", verdicts.reasons[row], verdicts.jaccards[row], verdicts.distances[row] or 0)
+        )
 
 def _batches(source: BinaryIO, size: int) -> Iterator[list[bytes]]:
     batch: list[bytes] = []

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from streamdedup.cli import main
 from streamdedup.decide import open_index
 from streamdedup.index import PlanError
-from streamdedup.offline import dedup_file
+from streamdedup.offline import DedupSummary, Example, dedup_file
 from streamdedup.settings import load_settings
 from streamdedup.signature import signing_id
 
@@ -37,10 +38,28 @@ def test_kept_records_are_written_unchanged_and_in_order(tmp_path: Path) -> None
     assert (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines() == [records[0], records[2]]
     assert summary.read == 6 and summary.kept == 2
     assert summary.dropped == {"exact": 1, "near": 1}
+    assert summary.threshold == 0.55 and summary.jaccard_range() == {
+        "exact": {"min": 1.0, "median": 1.0, "max": 1.0},
+        "near": {"min": 0.844, "median": 0.844, "max": 0.844},
+    }
+    assert [(e.id, e.duplicate_of, e.reason) for e in summary.examples] == [("b", "a", "exact"), ("e", "a", "near")]
     assert summary.dead_lettered == {"invalid_json": 1, "missing_field": 1}
     dead = [json.loads(line) for line in (tmp_path / "out.jsonl.dead-letters.jsonl").read_text().splitlines()]
     assert [d["reason"] for d in dead] == ["invalid_json", "missing_field"]
     assert dead[0]["original"] == "{not json"
+
+
+def test_the_summary_gives_the_jaccard_range_of_each_reason_with_the_threshold() -> None:
+    summary = DedupSummary(threshold=0.55)
+    summary.jaccards = {"near": [np.array([0.6, 0.9]), np.array([0.7])], "exact": [np.array([1.0])], "redelivered": [np.zeros(0)]}
+    summary.examples.append(Example("b", "a", "near", 0.859375, 40))
+    described = summary.as_dict()
+    assert described["threshold"] == 0.55
+    assert described["dropped_jaccard"] == {
+        "exact": {"min": 1.0, "median": 1.0, "max": 1.0},
+        "near": {"min": 0.6, "median": 0.7, "max": 0.9},
+    }
+    assert described["examples"] == [{"id": "b", "duplicate_of": "a", "reason": "near", "jaccard": 0.859, "distance": 40}]
 
 
 def test_cli_dedup_and_explain(tmp_path: Path, capsys) -> None:
@@ -49,12 +68,14 @@ def test_cli_dedup_and_explain(tmp_path: Path, capsys) -> None:
                  "--work-dir", str(tmp_path / "idx")]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["kept"] == 1 and summary["dropped"] == {"exact": 2}
-    assert summary["examples"][0] == {"id": "1", "duplicate_of": "0", "distance": 0}
+    assert summary["threshold"] == 0.55
+    assert summary["dropped_jaccard"] == {"exact": {"min": 1.0, "median": 1.0, "max": 1.0}}
+    assert summary["examples"][0] == {"id": "1", "duplicate_of": "0", "reason": "exact", "jaccard": 1.0, "distance": 0}
 
     assert main(["--config", str(CONFIG), "explain", BASE, BASE.replace("lazy", "sleepy")]) == 0
     out = capsys.readouterr().out
-    assert "decision on b:     dropped (near duplicate of a)" in out
-    assert "a normalised:      'the quick brown fox" in out
+    assert "decision on b:        dropped (near duplicate of a)" in out
+    assert "a normalised:         'the quick brown fox" in out
 
 
 def test_config_may_follow_the_command(tmp_path: Path, capsys) -> None:
@@ -63,7 +84,7 @@ def test_config_may_follow_the_command(tmp_path: Path, capsys) -> None:
     other.write_text("dedup:\n  min_jaccard: 0.99\n", encoding="utf-8")
     text_b = BASE.replace("lazy", "sleepy")
     assert main(["explain", BASE, text_b, "--config", str(other)]) == 0
-    assert "decision on b:     kept (novel)" in capsys.readouterr().out
+    assert "decision on b:        kept (novel)" in capsys.readouterr().out
     assert main(["--config", str(CONFIG), "explain", BASE, text_b]) == 0
     assert "dropped (near duplicate of a)" in capsys.readouterr().out
 
