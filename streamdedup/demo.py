@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 import uuid
 from collections.abc import Sequence
@@ -12,12 +13,23 @@ from importlib import resources
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 
 from .document import Document, DocumentDecoder
 from .kafka.admin import admin_client, ensure_topics
 from .kafka.broker import LocalBroker
 from .kafka.clients import common_options
 from .kafka.consumer import committed_reader
+from .names import (
+    HEADER_MATCH_DISTANCE,
+    HEADER_MATCH_ID,
+    HEADER_MATCH_JACCARD,
+    HEADER_MATCH_REASON,
+    HEADER_MATCH_THRESHOLD,
+    HEADER_SOURCE_OFFSET,
+    HEADER_SOURCE_PARTITION,
+    HEADER_SOURCE_TOPIC,
+)
 from .service import DedupService, ServiceStats
 from .settings import Settings
 
@@ -62,8 +74,8 @@ def run_demo(
     print(f"broker: {bootstrap}")
     try:
         run = _prepare(settings, bootstrap, feed_path, work_dir)
-        stats, published = asyncio.run(_demo(run))
-        _print_summary(run, stats, published)
+        stats, published, duplicates = asyncio.run(_demo(run))
+        _print_summary(run, stats, published, [_dropped(record, run.settings) for record in duplicates])
     finally:
         if broker is not None and not keep_broker:
             broker.stop()
@@ -91,7 +103,7 @@ def _prepare(settings: Settings, bootstrap: str, feed_path: Path, work_dir: Path
     return _Run(demo_settings, [*lines, *_BAD_RECORDS])
 
 
-async def _demo(run: _Run) -> tuple[ServiceStats, int]:
+async def _demo(run: _Run) -> tuple[ServiceStats, int, list[ConsumerRecord]]:
     kafka = run.settings.kafka
     topic = kafka.input_topics[0]
     async with admin_client(**common_options(kafka)) as admin:
@@ -106,8 +118,9 @@ async def _demo(run: _Run) -> tuple[ServiceStats, int]:
                     await service.wait()  # raises what ended the loop
                 await asyncio.sleep(0.2)
         stats = service.stats
-    published = await _count_committed(kafka.bootstrap_servers, kafka.output_topic)
-    return stats, published
+    published = len(await _read_committed(kafka.bootstrap_servers, kafka.output_topic))
+    duplicates = await _read_committed(kafka.bootstrap_servers, kafka.duplicates_topic) if kafka.duplicates_topic else []
+    return stats, published, duplicates
 
 
 async def _produce(bootstrap: str, topic: str, values: Sequence[bytes | None]) -> None:
@@ -121,39 +134,96 @@ async def _produce(bootstrap: str, topic: str, values: Sequence[bytes | None]) -
         await producer.stop()
 
 
-async def _count_committed(bootstrap: str, topic: str) -> int:
-    """Records in ``topic`` as a read_committed consumer sees them (what downstream really gets)."""
+async def _read_committed(bootstrap: str, topic: str) -> list[ConsumerRecord]:
+    """The records of ``topic`` as a read_committed consumer sees them (what downstream really gets)."""
+    records: list[ConsumerRecord] = []
     async with committed_reader(bootstrap, topic) as (consumer, tp):
         end = (await consumer.end_offsets([tp]))[tp]
-        count = 0
         async with asyncio.timeout(60):
             while await consumer.position(tp) < end:
-                count += len((await consumer.getmany(tp, timeout_ms=500)).get(tp, []))
-        return count
+                records.extend((await consumer.getmany(tp, timeout_ms=500)).get(tp, []))
+        return records
 
 
-def _print_summary(run: _Run, stats: ServiceStats, published: int) -> None:
-    topic = run.settings.kafka.input_topics[0]
+@dataclass(frozen=True)
+class _Dropped:
+    """A record of the duplicates topic: the document's id and what its headers say decided."""
+
+    id: str
+    match_id: str
+    reason: str
+    jaccard: float | None
+    threshold: float | None
+    distance: int
+
+    def why(self) -> str:
+        jaccard = "?" if self.jaccard is None else f"{self.jaccard:.3f}"
+        if self.reason == "redelivered":
+            return f"redelivered (its id again, from another record), estimated Jaccard {jaccard}"
+        if self.threshold is None:
+            return f"{self.reason}, estimated Jaccard {jaccard} (dedup.verify off: no threshold)"
+        return f"{self.reason}, estimated Jaccard {jaccard} >= threshold {self.threshold}"
+
+
+def _dropped(record: ConsumerRecord, settings: Settings) -> _Dropped:
+    headers = {key: value.decode() for key, value in record.headers}
+
+    def number(name: str) -> float | None:
+        return float(headers[name]) if name in headers else None
+
+    # The id the service gave it: the document's own, else its source position.
+    source = f"{headers[HEADER_SOURCE_TOPIC]}-{headers[HEADER_SOURCE_PARTITION]}-{headers[HEADER_SOURCE_OFFSET]}"
+    item = DocumentDecoder(settings.input).decode(record.value, default_id=source, timestamp=0.0)
+    return _Dropped(
+        item.id,
+        headers[HEADER_MATCH_ID],
+        headers[HEADER_MATCH_REASON],
+        number(HEADER_MATCH_JACCARD),
+        number(HEADER_MATCH_THRESHOLD),
+        int(headers[HEADER_MATCH_DISTANCE]),
+    )
+
+
+def _print_summary(run: _Run, stats: ServiceStats, published: int, dropped: list[_Dropped], examples: int = 5) -> None:
+    kafka = run.settings.kafka
+    topic = kafka.input_topics[0]
     decoder = DocumentDecoder(run.settings.input)
     texts = {}
     for offset, line in enumerate(run.lines):
         item = decoder.decode(line, default_id=f"{topic}-0-{offset}", timestamp=0.0)
         if isinstance(item, Document):
             texts[item.id] = item.text
-    dropped = sum(stats.dropped.values())
     print()
     print("summary")
     print(f"  consumed:       {stats.consumed}")
-    print(f"  published:      {published} (read back from {run.settings.kafka.output_topic}, read_committed)")
-    print(f"  dropped:        {dropped} ({', '.join(f'{k} {v}' for k, v in sorted(stats.dropped.items())) or 'none'})")
+    print(f"  published:      {published} (read back from {kafka.output_topic}, read_committed)")
+    print(f"  dropped:        {sum(stats.dropped.values())} ({', '.join(f'{k} {v}' for k, v in sorted(stats.dropped.items())) or 'none'})")
+    for line in _jaccard_ranges(dropped):
+        print(f"    {line}")
     print(f"  dead-lettered:  {sum(stats.dead_lettered.values())} ({_reasons(stats)})")
     print(f"  transactions:   {stats.transactions}")
-    if stats.examples:
-        print("  examples of dropped duplicates:")
-        for doc_id, match_id, distance in stats.examples:
-            print(f"    {doc_id} duplicates {match_id} (Hamming distance {distance})")
-            print(f"      dropped: {_short(texts.get(doc_id, '?'))}")
-            print(f"      kept:    {_short(texts.get(match_id, '?'))}")
+    if dropped:
+        print(f"  examples of dropped duplicates (as the headers of {kafka.duplicates_topic} give them):")
+        for each in dropped[:examples]:
+            print(f"    {each.id} duplicates {each.match_id}: {each.why()} (Hamming distance {each.distance})")
+            print(f"      dropped: {_short(texts.get(each.id, '?'))}")
+            print(f"      kept:    {_short(texts.get(each.match_id, '?'))}")
+
+
+def _jaccard_ranges(dropped: list[_Dropped]) -> list[str]:
+    """Per reason, the estimated Jaccard of the dropped documents (least to greatest, median) and the threshold."""
+    lines = []
+    for reason in sorted({each.reason for each in dropped}):
+        ones = [each for each in dropped if each.reason == reason]
+        values = [each.jaccard for each in ones if each.jaccard is not None]
+        if not values:
+            continue
+        # One run, one threshold; a redelivery is dropped by its id, whatever its Jaccard.
+        threshold = ones[0].threshold
+        held = "" if reason == "redelivered" else ", dedup.verify off" if threshold is None else f", threshold {threshold}"
+        median = statistics.median(values)
+        lines.append(f"{reason}: estimated Jaccard {min(values):.3f} to {max(values):.3f}, median {median:.3f}{held}")
+    return lines
 
 
 def _reasons(stats: ServiceStats) -> str:

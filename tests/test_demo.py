@@ -33,5 +33,15 @@ def test_demo_publishes_what_the_offline_mode_keeps_and_dead_letters_the_bad_rec
     assert int(summary["published"]) == offline.kept
     assert int(summary["dropped"]) == sum(offline.dropped.values())
     assert "dead-lettered:  3 (invalid_json 1, not_utf8 1, null_value 1)" in out
-    examples = re.findall(r"^    (feed-\d+) duplicates (feed-\d+) \(Hamming distance (\d+)\)", out, flags=re.MULTILINE)
-    assert len(examples) == 5 and all(a > b for a, b, _ in examples)
+    # The duplicates topic's headers say what dropped each: its reason, estimated Jaccard and the threshold.
+    examples = re.findall(
+        r"^    (feed-\d+) duplicates (feed-\d+): (exact|near), estimated Jaccard (\d\.\d{3}) >= threshold 0\.55 "
+        r"\(Hamming distance (\d+)\)$",
+        out,
+        flags=re.MULTILINE,
+    )
+    assert len(examples) == 5 and all(a > b and float(jaccard) >= 0.55 for a, b, _, jaccard, _ in examples)
+    assert all((jaccard, distance) == ("1.000", "0") for _, _, reason, jaccard, distance in examples if reason == "exact")
+    # The same range of Jaccard estimates as the offline mode's over the same feed.
+    near = offline.jaccard_range()["near"]
+    assert f"    near: estimated Jaccard {near['min']:.3f} to {near['max']:.3f}, median {near['median']:.3f}, threshold 0.55\n" in out
