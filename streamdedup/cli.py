@@ -23,12 +23,19 @@ EXIT_FENCED = 3
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        # `bench kafka --log-level INFO`: the option may follow the benchmark's name too.
+        named, args.options = _log_level_option().parse_known_args(args.options)
+        args.log_level = named.log_level or args.log_level
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
         print(f"streamdedup: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings)
+    level = getattr(args, "log_level", None)
+    if level is not None:
+        settings = settings.model_copy(update={"logging": settings.logging.model_copy(update={"level": level})})
+    configure_logging(settings, quiet=args.quiet if level is None else "")
     return int(args.handler(args, settings) or 0)
 
 
@@ -39,6 +46,7 @@ def _build_parser() -> argparse.ArgumentParser:
     # `streamdedup run --config x.yaml` reads as naturally as `streamdedup --config x.yaml run`: accept both.
     config_too = argparse.ArgumentParser(add_help=False)
     config_too.add_argument("--config", default=argparse.SUPPRESS, help="YAML config file")
+    parser.set_defaults(quiet="")
     commands = parser.add_subparsers(dest="command", required=True)
 
     fingerprint = commands.add_parser("fingerprint", parents=[config_too], help="print the hex fingerprint of a text or of each JSONL record")
@@ -61,10 +69,11 @@ def _build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[config_too], help="run the Kafka service until SIGTERM/SIGINT")
     run.set_defaults(handler=_run)
 
-    demo = commands.add_parser("demo", parents=[config_too], help="local broker + service + sample feed, then a summary")
+    demo = commands.add_parser("demo", parents=[config_too, _log_level_option("the service's lines and warnings")], help="local broker + service + sample feed, then a summary")
     demo.add_argument("--feed", type=Path, default=None, help="JSONL feed (default: the bundled sample feed)")
     demo.add_argument("--keep-broker", action="store_true", help="leave the local broker running afterwards")
-    demo.set_defaults(handler=_demo)
+    # The service's own lines narrate the demo; the Kafka client's group joins only bury its summary.
+    demo.set_defaults(handler=_demo, quiet="libraries")
 
     index = commands.add_parser("index", parents=[config_too], help="inspect or maintain a segment index (stats/query/export work while it is written)")
     index.add_argument("action", choices=["stats", "query", "export", "import", "compact"])
@@ -75,12 +84,26 @@ def _build_parser() -> argparse.ArgumentParser:
     index.add_argument("--output", type=Path, default=None, help="export: JSONL file (default: stdout)")
     index.set_defaults(handler=_index)
 
-    bench = commands.add_parser("bench", parents=[config_too], help="benchmarks against the peers, in one run")
+    bench = commands.add_parser("bench", parents=[config_too, _log_level_option("warnings only")], help="benchmarks against the peers, in one run")
     bench.add_argument("name", choices=[*BENCHMARKS, *LONG_BENCHMARKS, "all"])
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options for that benchmark")
-    bench.set_defaults(handler=_bench)
+    bench.set_defaults(handler=_bench, quiet="all")
 
     return parser
+
+
+def _log_level_option(shown: str = "") -> argparse.ArgumentParser:
+    """``--log-level``: every logger at this level, the libraries' too (bench and demo keep INFO lines out)."""
+    option = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    option.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        default=None,
+        help=f"log at this level, the Kafka client's INFO lines included (default: {shown}; all of them when "
+        "logging.level is DEBUG)",
+    )
+    return option
 
 
 def _fingerprint(args: argparse.Namespace, settings: Settings) -> int:

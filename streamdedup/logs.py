@@ -12,15 +12,19 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel, SecretBytes, SecretStr
 
 from .settings import Settings
 
-__all__ = ["JsonFormatter", "TextFormatter", "configure_logging", "secret_values"]
+__all__ = ["LIBRARY_LOGGERS", "JsonFormatter", "Quiet", "TextFormatter", "configure_logging", "secret_values"]
 
 MASK = "**********"
+
+# The libraries whose INFO lines a report keeps out (see configure_logging's ``quiet``).
+LIBRARY_LOGGERS = ("aiokafka", "kafka")
+Quiet = Literal["", "libraries", "all"]
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=`` and is logged as a field.
 _STANDARD_ATTRIBUTES = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
@@ -76,12 +80,22 @@ class JsonFormatter(_Redacting):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
-def configure_logging(settings: Settings, stream: TextIO | None = None) -> logging.Handler:
-    """Route every log record to ``stream`` (standard error) at ``settings.logging.level``; return the handler."""
+def configure_logging(settings: Settings, stream: TextIO | None = None, *, quiet: Quiet = "") -> logging.Handler:
+    """Route every log record to ``stream`` (standard error) at ``settings.logging.level``; return the handler.
+
+    ``quiet`` keeps the INFO lines out of a command whose output is its own report: "libraries" those of
+    :data:`LIBRARY_LOGGERS` (aiokafka logs every group join and coordinator it finds), "all" everyone's. Warnings
+    and errors still show, and a DEBUG level in the settings asks for every line."""
     formatter_class = JsonFormatter if settings.logging.format == "json" else TextFormatter
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter_class(secret_values(settings)))
-    logging.basicConfig(level=settings.logging.level, handlers=[handler], force=True)
+    level = logging.getLevelNamesMapping()[settings.logging.level]
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    floor = max(level, logging.WARNING) if quiet and level > logging.DEBUG else logging.NOTSET
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(floor)
+    if quiet == "all" and floor:
+        logging.getLogger().setLevel(floor)
     return handler
 
 

@@ -12,12 +12,18 @@ import pytest
 @pytest.fixture(autouse=True)
 def _restore_root_logger() -> Iterator[None]:
     """The CLI's ``configure_logging`` replaces the root handlers with one on the standard error of the moment,
-    which is pytest's capture of that test; a later test logging through it would write to a closed file."""
+    which is pytest's capture of that test; a later test logging through it would write to a closed file. It
+    also sets the Kafka client's loggers' levels, which a later test would inherit."""
+    from streamdedup.logs import LIBRARY_LOGGERS
+
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    libraries = {name: logging.getLogger(name).level for name in LIBRARY_LOGGERS}
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    for name, library_level in libraries.items():
+        logging.getLogger(name).setLevel(library_level)
 
 
 # --- Kafka: one real broker per session, topic/produce/consume factories (Kafka helper) -------------------

@@ -9,7 +9,7 @@ import sys
 
 from pydantic import SecretStr
 
-from streamdedup.logs import MASK, JsonFormatter, TextFormatter, configure_logging, secret_values
+from streamdedup.logs import MASK, JsonFormatter, Quiet, TextFormatter, configure_logging, secret_values
 from streamdedup.settings import Section, Settings
 
 
@@ -70,6 +70,27 @@ def test_configure_logging_sets_level_and_format() -> None:
     lines = stream.getvalue().splitlines()
     assert [json.loads(line)["message"] for line in lines] == ["shown"]
     assert json.loads(lines[0])["lag"] == 12
+
+
+def _logged(settings: Settings, quiet: Quiet) -> list[str]:
+    stream = io.StringIO()
+    configure_logging(settings, stream, quiet=quiet)
+    logging.getLogger("aiokafka.consumer.group_coordinator").info("Joined group")
+    logging.getLogger("aiokafka.conn").warning("connection lost")
+    logging.getLogger("streamdedup.service").info("owning all 1 input partitions")
+    logging.getLogger("streamdedup.service").warning("dead-lettered 3 records")
+    return [line.split(": ", 1)[1] for line in stream.getvalue().splitlines()]
+
+
+def test_a_report_keeps_the_libraries_info_lines_out_unless_the_settings_ask_for_debug() -> None:
+    info = Settings()
+    assert _logged(info, "") == ["Joined group", "connection lost", "owning all 1 input partitions", "dead-lettered 3 records"]
+    assert _logged(info, "libraries") == ["connection lost", "owning all 1 input partitions", "dead-lettered 3 records"]
+    assert _logged(info, "all") == ["connection lost", "dead-lettered 3 records"]
+    debug = Settings(logging={"level": "debug"})
+    assert len(_logged(debug, "all")) == 4
+    # Configured again without quiet, the libraries log as before.
+    assert len(_logged(info, "")) == 4
 
 
 def test_a_secret_escaped_in_a_bytes_repr_or_a_json_string_is_masked_too() -> None:

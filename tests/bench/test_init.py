@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import sys
 from types import SimpleNamespace
 
@@ -7,6 +8,7 @@ import pytest
 
 from streamdedup import bench
 from streamdedup.bench import run_bench
+from streamdedup.cli import main
 from streamdedup.settings import Settings
 
 
@@ -26,3 +28,21 @@ def test_other_missing_modules_are_not_blamed_on_the_extra(monkeypatch: pytest.M
     monkeypatch.setattr(bench, "importlib", SimpleNamespace(import_module=import_module))
     with pytest.raises(ModuleNotFoundError, match="numpy"):
         run_bench("fingerprint", [], Settings())
+
+
+@pytest.mark.parametrize(
+    ("argv", "options", "root", "aiokafka"),
+    [
+        (["bench", "kafka", "--messages", "10"], ["--messages", "10"], logging.WARNING, logging.WARNING),
+        (["bench", "kafka", "--messages", "10", "--log-level", "info"], ["--messages", "10"], logging.INFO, logging.NOTSET),
+        (["bench", "--log-level", "DEBUG", "kafka"], [], logging.DEBUG, logging.NOTSET),
+    ],
+)
+def test_bench_logs_warnings_only_unless_a_log_level_is_given_before_or_after_its_name(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], options: list[str], root: int, aiokafka: int
+) -> None:
+    ran: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(bench, "run_bench", lambda name, given, settings: ran.append((name, list(given))) or 0)
+    assert main(argv) == 0
+    assert ran == [("kafka", options)]
+    assert (logging.getLogger().level, logging.getLogger("aiokafka").level) == (root, aiokafka)
