@@ -44,6 +44,7 @@ __all__ = [
     "INDEX_DB_TABLE_PREFIX",
     "INDEX_DB_TIMES",
     "INDEX_DB_TOPICS",
+    "INDEX_DB_UNDO",
 ]
 
 # Kafka headers the service adds to what it publishes.
@@ -119,3 +120,4 @@ INDEX_DB_TIMES = "times"
 INDEX_DB_ORIGINS = "origins"
 INDEX_DB_SOURCES = "sources"
 INDEX_DB_TOPICS = "topics"
+INDEX_DB_UNDO = "undo"

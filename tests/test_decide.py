@@ -304,3 +304,46 @@ def test_hot_keys_leave_candidates_per_document_bounded_and_copies_caught(
         assert kept == [v.novel for v in verdicts["unbounded"]]
     else:
         assert sum(v.novel for v in bounded) < 20
+
+
+def test_a_replay_after_a_rollback_decides_as_the_first_run(settings: Settings, tmp_path: Path) -> None:
+    """Expiry and max_entries remove entries while the stream runs; batches rolled back and replayed (as the
+    service does after a crash) end with the verdicts, entries and clock of a run without rollbacks."""
+    rng = random.Random(9)
+    words = [f"w{i}" for i in range(400)]
+    texts: list[str] = []
+    for _ in range(700):
+        if texts and rng.random() < 0.4:
+            text = rng.choice(texts).split()
+            text[rng.randrange(len(text))] = rng.choice(words)
+            texts.append(" ".join(text))
+        else:
+            texts.append(" ".join(rng.choice(words) for _ in range(16)))
+    stream = [Document(f"d{i}", text, float(i), ("in", 0, i)) for i, text in enumerate(texts)]
+    bounds = [0]
+    while bounds[-1] < len(stream):
+        bounds.append(min(len(stream), bounds[-1] + rng.randint(5, 40)))
+    index = settings.index.model_copy(update={"max_age_seconds": 150.0, "time_bucket_seconds": 10.0, "max_entries": 120})
+    limited = settings.model_copy(update={"index": index})
+
+    def decide(dedup: Deduplicator, b: int) -> list[tuple[bool, str | None]]:
+        verdicts = dedup.decide(stream[bounds[b] : bounds[b + 1]], source_offsets={("in", 0): bounds[b + 1]})
+        return [(v.novel, v.match_id) for v in verdicts]
+
+    with open_index(limited, tmp_path / "straight") as straight, open_index(limited, tmp_path / "replayed") as replayed:
+        first, again = Deduplicator(limited, straight), Deduplicator(limited, replayed)
+        expected = [v for b in range(len(bounds) - 1) for v in decide(first, b)]
+        assert len(straight) <= 120 and sum(novel for novel, _ in expected) > 300
+        got: list[tuple[bool, str | None]] = []
+        b = rollbacks = 0
+        while b < len(bounds) - 1:
+            got[bounds[b] :] = decide(again, b)
+            b += 1
+            if b >= 2 and rng.random() < 0.3:
+                b -= rng.choice([1, 2])
+                replayed.rollback({("in", 0): bounds[b]})
+                rollbacks += 1
+        assert rollbacks > 5
+        assert got == expected
+        assert [e["id"] for e in replayed.export()] == [e["id"] for e in straight.export()]
+        assert replayed.stats()["clock"] == straight.stats()["clock"]

@@ -29,6 +29,10 @@ Layout (one LMDB environment, names in ``streamdedup.names``):
   sequences in the bucket as (start, stop) runs: one row per batch, and expiry and eviction read only the
   oldest rows. ``origins``: (topic, partition, offset) -> sequence, for rollback. ``sources``: (topic,
   partition) -> next offset. ``topics``: topic name -> small id. ``meta``: plan, format, counters.
+- ``undo``: per batch that stored entries, the last ``UNDO_BATCHES`` of them, what it changed beyond its own
+  entries: the records it removed (expiry, ``max_entries`` eviction, a re-added id), the ``times`` rows it
+  deleted or trimmed, and the clock, its window and the count before it. ``rollback`` undoes the newest
+  batches whole with them, so a replay finds the index exactly as the first run did.
 - ``key-filter.npz`` beside the environment: the last writer's key filter, saved when it closed (see
   ``key_filter``), for the next writer to load instead of rebuilding it.
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import io
 import json
 import logging
 import math
@@ -74,11 +79,12 @@ __all__ = ["STORAGE_ERRORS", "EntryRecords", "IndexStorageError", "SearchResult"
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # Format 1 had no staged rows; format 2 stored folds in every plan's tables; formats 1-3 kept every table as
-# dupsort rows. All read as format 4 (with none staged, with fold values, with the rows layout) and are marked 4
-# when opened to write: older code must not misread new indexes.
-_READABLE_FORMATS = (1, 2, 3, 4)
+# dupsort rows; format 4 had no undo records. All read as format 5 (with none staged, with fold values, with the
+# rows layout, with nothing to undo) and are marked 5 when opened to write: older code must not misread new
+# indexes, nor write batches that the undo records would then not account for.
+_READABLE_FORMATS = (1, 2, 3, 4, 5)
 NO_TOPIC = 0xFFFFFFFF
 MAX_ID_KEY_BYTES = 480  # LMDB keys stop at 511 bytes; longer ids are keyed by their BLAKE2b digest.
 _META_FORMAT = b"format"
@@ -89,6 +95,9 @@ _META_CLOCK_WINDOW = b"clock_window"  # event times of the latest entries added,
 CLOCK_WINDOW = 1001
 """Entries whose median event time is the clock expiry runs by: a few entries stamped far ahead (a producer's
 clock years off) move it nowhere, where the newest time would expire everything stored before them."""
+UNDO_BATCHES = 8
+"""Batches that stored entries whose changes ``rollback`` can undo exactly: the service has at most two
+uncommitted in Kafka, and a batch that fails in part is stored in several."""
 _META_NEXT_TOPIC = b"next_topic"
 _META_STAGED_GENERATION = b"staged_generation"
 _META_NEXT_MERGE = b"next_merge"
@@ -173,6 +182,92 @@ class _TransactionState(threading.local):
         self.filtered: list[tuple[KeyFilter, int]] = []
         # The merged tables' copy in memory as this transaction changes them, published when it commits.
         self.mirror: TableMirror | None = None
+        # What the batch being stored changes beyond its own entries, for ``rollback`` to undo (None: not recorded).
+        self.undo: _Undo | None = None
+
+
+@dataclass
+class _Undo:
+    """One batch's changes beyond its own entries (``first_seq`` on): the state before it of the clock, its window
+    and the count; the records it removed; the ``times`` rows it deleted or trimmed (None: a row it added); and
+    on a fold-valued index, the table rows it deleted (table, key, value)."""
+
+    first_seq: int
+    count: int
+    clock: bytes | None
+    window: bytes | None
+    removed_seqs: list[np.ndarray]
+    removed_heads: list[np.ndarray]
+    removed_ids: list[bytes]
+    times: dict[bytes, bytes | None]
+    table_rows: list[tuple[int, np.ndarray, np.ndarray]]
+
+    def pack(self) -> bytes:
+        seqs = np.concatenate(self.removed_seqs) if self.removed_seqs else np.zeros(0, np.uint64)
+        heads = np.concatenate(self.removed_heads) if self.removed_heads else np.zeros(0, np.uint8)
+        keys, values = list(self.times), list(self.times.values())
+        rows = self.table_rows
+        arrays = {
+            "header": np.array([self.first_seq, self.count], dtype=np.uint64),
+            "clock": np.frombuffer(self.clock or b"", dtype=np.uint8),
+            "has_clock": np.array([self.clock is not None, self.window is not None]),
+            "window": np.frombuffer(self.window or b"", dtype=np.uint8),
+            "seqs": seqs.astype(np.uint64),
+            "heads": heads.view(np.uint8).ravel(),
+            "id_lengths": np.array(list(map(len, self.removed_ids)), dtype=np.int64),
+            "ids": np.frombuffer(b"".join(self.removed_ids), dtype=np.uint8),
+            "time_keys": np.frombuffer(b"".join(keys), dtype=np.uint8),
+            "time_present": np.array([v is not None for v in values], dtype=bool),
+            "time_lengths": np.array([len(v or b"") for v in values], dtype=np.int64),
+            "time_values": np.frombuffer(b"".join(v or b"" for v in values), dtype=np.uint8),
+            "row_tables": np.concatenate([np.full(len(k), t, np.int64) for t, k, _ in rows]) if rows else np.zeros(0, np.int64),
+            "row_keys": np.concatenate([k for _, k, _ in rows]).astype(np.uint64) if rows else np.zeros(0, np.uint64),
+            "row_values": np.concatenate([v for _, _, v in rows]).astype(np.uint64) if rows else np.zeros(0, np.uint64),
+        }
+        out = io.BytesIO()
+        np.savez(out, **arrays)
+        return out.getvalue()
+
+
+@dataclass(frozen=True)
+class _UndoRecord:
+    """A stored :class:`_Undo`, as ``rollback`` reads it."""
+
+    first_seq: int
+    count: int
+    clock: bytes | None
+    window: bytes | None
+    seqs: np.ndarray
+    heads: np.ndarray
+    ids: list[bytes]
+    times: list[tuple[bytes, bytes | None]]
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+    @classmethod
+    def unpack(cls, raw: bytes, record: np.dtype) -> _UndoRecord:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as arrays:
+            a = {name: arrays[name] for name in arrays.files}
+        first_seq, count = a["header"].tolist()
+        has_clock, has_window = a["has_clock"].tolist()
+        ids_buffer, id_stops = a["ids"].tobytes(), np.cumsum(a["id_lengths"]).tolist()
+        ids = [ids_buffer[low:high] for low, high in zip([0, *id_stops[:-1]], id_stops)]
+        key_buffer, values_buffer = a["time_keys"].tobytes(), a["time_values"].tobytes()
+        value_stops = np.cumsum(a["time_lengths"]).tolist()
+        times = [
+            (key_buffer[16 * i : 16 * i + 16], values_buffer[low:high] if present else None)
+            for i, (present, low, high) in enumerate(zip(a["time_present"].tolist(), [0, *value_stops[:-1]], value_stops))
+        ]
+        return cls(
+            first_seq,
+            count,
+            a["clock"].tobytes() if has_clock else None,
+            a["window"].tobytes() if has_window else None,
+            a["seqs"].astype(np.uint64),
+            np.frombuffer(a["heads"].tobytes(), dtype=record),
+            ids,
+            times,
+            (a["row_tables"], a["row_keys"].astype(np.uint64), a["row_values"].astype(np.uint64)),
+        )
 
 
 def _staged_key(table: int, first_seq: int) -> bytes:
@@ -415,6 +510,7 @@ class SegmentIndex:
         self._origins = self._db(names.INDEX_DB_ORIGINS)
         self._sources = self._db(names.INDEX_DB_SOURCES)
         self._topics = self._db(names.INDEX_DB_TOPICS)
+        self._undo = self._db(names.INDEX_DB_UNDO)
         missing = [db for db in (*(table.db for table in self._tables), self._folds, self._entries) if db is None]
         if missing:
             raise PlanError(f"{self.path}: index databases missing; is it a streamdedup index?")
@@ -491,10 +587,12 @@ class SegmentIndex:
     def _staging_transaction(self) -> Iterator[None]:
         state = self._txn
         state.writing, state.staged, state.changed, state.filtered, state.mirror = True, None, False, [], None
+        state.undo = None
         try:
             yield
         finally:
             state.writing, state.staged, state.changed, state.filtered, state.mirror = False, None, False, [], None
+            state.undo = None
 
     def _bump_staged_generation(self, txn: Any) -> int | None:
         """A new generation number when this transaction changed the staged rows (so that other processes
@@ -1072,6 +1170,13 @@ class SegmentIndex:
                 ids = batch["ids"]
             id_bytes = batch["id_bytes"]
             id_keys = self._id_keys(id_bytes)
+            self._txn.undo = _Undo(
+                self._counter(txn, _META_NEXT_SEQ),
+                self._counter(txn, _META_COUNT),
+                txn.get(_META_CLOCK, db=self._meta),
+                txn.get(_META_CLOCK_WINDOW, db=self._meta),
+                [], [], [], {}, [],
+            )
             with txn.cursor(self._ids) as cursor:
                 existing = cursor.getmulti(id_keys)
             if existing:
@@ -1091,6 +1196,7 @@ class SegmentIndex:
                     if not len(popped):
                         break
                     excess -= self._remove_in(txn, popped)
+            self._save_undo(txn)
         if source_offsets:
             self._put_sources(txn, source_offsets)
 
@@ -1126,14 +1232,7 @@ class SegmentIndex:
         with txn.cursor(self._ids) as cursor:
             cursor.putmulti(zip(id_keys, seq_keys))
         batch_keys: TableKeys = batch["keys"]
-        self._table_mirror(txn)  # taken up at the count before this batch moves it
-        keyed = self._counter(txn, _META_KEYED_WRITES)
-        txn.put(_META_KEYED_WRITES, (keyed + 1).to_bytes(8, "big"), db=self._meta)
-        txn.delete(_META_KEY_FILTER_TOKEN, db=self._meta)
-        if self._key_filter is not None:
-            # Bits set now stay set if the batch aborts: harmless, a set bit only sends a key on to LMDB.
-            self._key_filter.add(batch_keys.keys)
-            self._txn.filtered.append((self._key_filter, keyed))
+        keyed = self._keys_added(txn, batch_keys.keys)
         if not self._entry_valued:
             folds = batch_keys.folds
             # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
@@ -1167,6 +1266,8 @@ class SegmentIndex:
             starts = members[np.concatenate([[0], breaks])]
             stops = members[np.concatenate([breaks - 1, [len(members) - 1]])] + np.uint64(1)
             key = _seq_bytes(buckets[bucket_rows[:1]])[0] + seq_keys[bucket_rows[0]]
+            if self._txn.undo is not None:
+                self._txn.undo.times.setdefault(key, None)
             txn.put(key, np.stack([starts, stops], axis=1).astype(_U64).tobytes(), db=self._times)
         txn.put(_META_NEXT_SEQ, int(first_seq + n).to_bytes(8, "big"), db=self._meta)
         txn.put(_META_COUNT, (self._counter(txn, _META_COUNT) + n).to_bytes(8, "big"), db=self._meta)
@@ -1287,7 +1388,10 @@ class SegmentIndex:
             with txn.cursor(self._ids) as cursor:
                 found = cursor.getmulti(keys)
             seqs = np.frombuffer(b"".join(v for _, v in found), dtype=_U64).astype(np.uint64)
-            return self._remove_in(txn, seqs)
+            removed = self._remove_in(txn, seqs)
+            if removed:
+                self._forget_undo(txn)
+            return removed
 
         return self._write(work)
 
@@ -1299,7 +1403,10 @@ class SegmentIndex:
 
         def work(txn: Any) -> int:
             clock = self._clock(txn) if now is None else now
-            return self._expire_in(txn, clock - self.max_age) if clock > -math.inf else 0
+            removed = self._expire_in(txn, clock - self.max_age) if clock > -math.inf else 0
+            if removed:
+                self._forget_undo(txn)
+            return removed
 
         return self._write(work)
 
@@ -1320,6 +1427,8 @@ class SegmentIndex:
                 key = cursor.key()
                 if end is not None and key[:8] >= end:
                     break
+                if self._txn.undo is not None:
+                    self._txn.undo.times.setdefault(key, cursor.value())
                 spans = np.frombuffer(cursor.value(), dtype=_U64).astype(np.uint64).reshape(-1, 2)
                 members = np.concatenate([np.arange(a, b, dtype=np.uint64) for a, b in spans.tolist()])
                 if limit is not None and taken + len(members) > limit:
@@ -1348,7 +1457,13 @@ class SegmentIndex:
         mirror = self._table_mirror(txn)
         if mirror is not None:
             mirror.records.forget(seq_keys)
-        id_keys = self._id_keys([x.encode() for x in ids])
+        id_bytes = [x.encode() for x in ids]
+        id_keys = self._id_keys(id_bytes)
+        undo = self._txn.undo
+        if undo is not None:
+            undo.removed_seqs.append(entries)
+            undo.removed_heads.append(head)
+            undo.removed_ids.extend(id_bytes)
         for i in range(n):
             txn.delete(seq_keys[i], db=self._entries)
             txn.delete(id_keys[i], db=self._ids)
@@ -1384,6 +1499,8 @@ class SegmentIndex:
             if len(survivor_seqs):
                 doomed = ~rows_in(doomed_keys, doomed_values, survivor_keys[table], survivor_values[table])
                 doomed_keys, doomed_values = doomed_keys[doomed], doomed_values[doomed]
+            if self._txn.undo is not None:
+                self._txn.undo.table_rows.append((table, *self._rows_present(txn, table, doomed_keys, doomed_values)))
             stored_table.delete(txn, doomed_keys, doomed_values)
             self._drop_staged(txn, table, doomed_keys, doomed_values)
 
@@ -1410,6 +1527,8 @@ class SegmentIndex:
         keys, values = np.concatenate([stored_keys, keys]), np.concatenate([stored_values, values])
         with txn.cursor(self._entries) as cursor:
             live = np.frombuffer(b"".join(cursor.iternext(keys=True, values=False)), dtype=_U64).astype(np.uint64)
+        # Rows of entries a rollback may restore stay, so that a restored entry is found as before.
+        live = np.union1d(live, self._undoable_seqs(txn))
         alive = np.isin(values, live, assume_unique=True)
         keys, values = keys[alive], values[alive]
         # Within a key, rows come in entry order (a table takes its rows batch after batch), which is the value
@@ -1439,23 +1558,165 @@ class SegmentIndex:
             }
 
     def rollback(self, offsets: Mapping[tuple[str, int], int]) -> int:
-        """Remove entries whose origin offset >= offsets[(topic, partition)] and reset those source offsets."""
+        """Remove entries whose origin offset >= offsets[(topic, partition)] and reset those source offsets;
+        returns how many were removed.
+
+        The newest batches whose entries all come from those offsets on are undone whole, from their undo records
+        (the last ``UNDO_BATCHES``): what they removed (expiry, eviction, a re-added id) comes back, and so do the
+        clock and the expiry rows, so that a replay of their records meets the index the first run met. Entries
+        of an older batch, or of one only partly rolled back, are removed alone; nothing is undone after that."""
 
         def work(txn: Any) -> int:
             topic_ids = self._topic_ids(txn, (topic for topic, _ in offsets))
-            doomed = []
-            with txn.cursor(self._origins) as cursor:
-                for (topic, partition), offset in offsets.items():
-                    prefix = topic_ids[topic].to_bytes(4, "big") + int(partition).to_bytes(4, "big")
-                    moved = cursor.set_range(prefix + int(offset).to_bytes(8, "big"))
-                    while moved and cursor.key()[:8] == prefix:
-                        doomed.append(cursor.value())
-                        moved = cursor.next()
-            removed = self._remove_in(txn, np.frombuffer(b"".join(doomed), dtype=_U64).astype(np.uint64))
+            targets = {(topic_ids[topic], int(partition)): int(offset) for (topic, partition), offset in offsets.items()}
+            removed = 0
+            for key, raw in self._undo_newest_first(txn):
+                record = _UndoRecord.unpack(raw, self._record)
+                added = self._seqs_from(txn, record.first_seq)
+                if not self._rolled_back(txn, added, record, targets):
+                    break
+                removed += self._undo_batch(txn, key, record, added)
+            left = self._doomed(txn, targets)
+            if len(left):
+                removed += self._remove_in(txn, left)
+                self._forget_undo(txn)
             self._put_sources(txn, offsets)
             return removed
 
         return self._write(work)
+
+    def _doomed(self, txn: Any, targets: Mapping[tuple[int, int], int]) -> np.ndarray:
+        """Entry keys of the entries whose origin is at or past its partition's target offset."""
+        doomed = []
+        with txn.cursor(self._origins) as cursor:
+            for (topic_id, partition), offset in targets.items():
+                prefix = topic_id.to_bytes(4, "big") + partition.to_bytes(4, "big")
+                moved = cursor.set_range(prefix + offset.to_bytes(8, "big"))
+                while moved and cursor.key()[:8] == prefix:
+                    doomed.append(cursor.value())
+                    moved = cursor.next()
+        return np.frombuffer(b"".join(doomed), dtype=_U64).astype(np.uint64)
+
+    def _seqs_from(self, txn: Any, first_seq: int) -> np.ndarray:
+        """Entry keys of the stored entries from ``first_seq`` on."""
+        with txn.cursor(self._entries) as cursor:
+            if not cursor.set_range(_seq_bytes(np.array([first_seq]))[0]):
+                return np.zeros(0, np.uint64)
+            keys = b"".join(cursor.iternext(keys=True, values=False))
+        return np.frombuffer(keys, dtype=_U64).astype(np.uint64)
+
+    def _rolled_back(
+        self, txn: Any, added: np.ndarray, record: _UndoRecord, targets: Mapping[tuple[int, int], int]
+    ) -> bool:
+        """Whether every entry the newest batch left to undo stored (``added``, those still stored, and those it
+        removed itself) comes from a rolled-back offset."""
+        _, heads, _ = self._fetch(txn, added)
+        heads = np.concatenate([heads, record.heads[record.seqs >= np.uint64(record.first_seq)]])
+        if not len(heads):
+            return False
+        for topic, partition, offset in zip(heads["topic"].tolist(), heads["partition"].tolist(), heads["offset"].tolist()):
+            target = targets.get((topic, partition)) if topic != NO_TOPIC else None
+            if target is None or offset < target:
+                return False
+        return True
+
+    def _undo_batch(self, txn: Any, key: bytes, record: _UndoRecord, added: np.ndarray) -> int:
+        """Remove a batch's entries and put back what it changed; returns how many of its entries were stored."""
+        removed = self._remove_in(txn, added)
+        older = record.seqs < np.uint64(record.first_seq)
+        self._restore(txn, record.seqs[older], record.heads[older], [i for i, old in zip(record.ids, older.tolist()) if old])
+        tables, row_keys, row_values = record.rows
+        for table in np.unique(tables).tolist():
+            mine = tables == table
+            keys, values = row_keys[mine], row_values[mine]
+            present_keys, present_values = self._rows_present(txn, table, keys, values)
+            wanted = ~rows_in(keys, values, present_keys, present_values)
+            if wanted.any():
+                pairs = np.unique(np.stack([keys[wanted], values[wanted]], axis=1), axis=0)
+                self._tables[table].insert(txn, pairs[:, 0].copy(), pairs[:, 1].copy())
+        for time_key, value in record.times:
+            if value is None:
+                txn.delete(time_key, db=self._times)
+            else:
+                txn.put(time_key, value, db=self._times)
+        for meta_key, value in ((_META_CLOCK, record.clock), (_META_CLOCK_WINDOW, record.window)):
+            if value is None:
+                txn.delete(meta_key, db=self._meta)
+            else:
+                txn.put(meta_key, value, db=self._meta)
+        txn.put(_META_COUNT, record.count.to_bytes(8, "big"), db=self._meta)
+        txn.delete(key, db=self._undo)
+        return removed
+
+    def _restore(self, txn: Any, seqs: np.ndarray, heads: np.ndarray, id_bytes: list[bytes]) -> None:
+        """Put back removed entries as they were (their records, ids, origins and folds), and their keys in the
+        key filter. An entry-valued table still holds their rows (sweeps keep them while they can be restored)."""
+        if not len(seqs):
+            return
+        seq_keys = _seq_bytes(seqs)
+        with txn.cursor(self._entries) as cursor:
+            cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads.view(f"V{self._record.itemsize}").tolist(), id_bytes)))
+        with txn.cursor(self._ids) as cursor:
+            cursor.putmulti(zip(self._id_keys(id_bytes), seq_keys))
+        with_origin = heads["topic"] != NO_TOPIC
+        with txn.cursor(self._origins) as cursor:
+            cursor.putmulti(zip(self._origin_keys(heads[with_origin]), compress(seq_keys, with_origin.tolist())))
+        keys, _, folds = table_rows(self.plan, heads["fp"].reshape(len(heads), self.words).astype(np.uint64))
+        if not self._entry_valued:
+            with txn.cursor(self._folds) as cursor:
+                cursor.putmulti(zip(_seq_bytes(folds), seq_keys))
+        self._keys_added(txn, keys)
+
+    def _keys_added(self, txn: Any, keys: np.ndarray) -> int:
+        """Count a write that adds table keys ((tables, n)), which a saved key filter then lacks, and mark them
+        in the writer's filter; returns the count of such writes before it."""
+        self._table_mirror(txn)  # taken up at the count before this write moves it
+        keyed = self._counter(txn, _META_KEYED_WRITES)
+        txn.put(_META_KEYED_WRITES, (keyed + 1).to_bytes(8, "big"), db=self._meta)
+        txn.delete(_META_KEY_FILTER_TOKEN, db=self._meta)
+        if self._key_filter is not None:
+            # Bits set now stay set if the write aborts: harmless, a set bit only sends a key on to LMDB.
+            self._key_filter.add(keys)
+            self._txn.filtered.append((self._key_filter, keyed))
+        return keyed
+
+    def _rows_present(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows among these that ``table`` holds, merged or staged."""
+        if not len(keys):
+            return keys, values
+        unique = np.unique(keys)
+        owners, found = self._tables[table].read(txn, unique)
+        present = rows_in(keys, values, unique[owners], found)
+        staged = self._staged(txn)[table]
+        if len(staged):
+            present |= rows_in(keys, values, staged.keys, staged.values)
+        return keys[present], values[present]
+
+    def _save_undo(self, txn: Any) -> None:
+        """Store the undo record of the batch this transaction stores, and drop the oldest beyond UNDO_BATCHES."""
+        undo, self._txn.undo = self._txn.undo, None
+        if undo is None:
+            return
+        txn.put(_seq_bytes(np.array([undo.first_seq]))[0], undo.pack(), db=self._undo)
+        if txn.stat(self._undo)["entries"] > UNDO_BATCHES:
+            with txn.cursor(self._undo) as cursor:
+                if cursor.first():
+                    cursor.delete()
+
+    def _undo_newest_first(self, txn: Any) -> Iterator[tuple[bytes, bytes]]:
+        with txn.cursor(self._undo) as cursor:
+            records = list(cursor.iterprev()) if cursor.last() else []
+        return iter(records)
+
+    def _undoable_seqs(self, txn: Any) -> np.ndarray:
+        """Entry keys of the removed entries a rollback may restore."""
+        seqs = [_UndoRecord.unpack(raw, self._record).seqs for _, raw in self._undo_newest_first(txn)]
+        return np.unique(np.concatenate(seqs)) if seqs else np.zeros(0, np.uint64)
+
+    def _forget_undo(self, txn: Any) -> None:
+        """Drop every undo record: after a removal outside a batch, undoing an older batch would not restore
+        the index it met."""
+        txn.drop(self._undo, delete=False)
 
     # ----------------------------------------------------------------- size, stats, maintenance
 
@@ -1483,6 +1744,7 @@ class SegmentIndex:
             (names.INDEX_DB_ORIGINS, self._origins),
             (names.INDEX_DB_SOURCES, self._sources),
             (names.INDEX_DB_TOPICS, self._topics),
+            (names.INDEX_DB_UNDO, self._undo),
             (names.INDEX_DB_META, self._meta),
         ]
         return [(name, db) for name, db in dbs if db is not None]
@@ -1514,6 +1776,7 @@ class SegmentIndex:
                 first_key = cursor.key() if cursor.first() else None
             staged_rows = sum(map(len, self._staged(txn)))
             unswept = int(self._unswept(txn).max(initial=0)) if self._entry_valued else 0
+            undoable = txn.stat(self._undo)["entries"] if self._undo is not None else 0
         table_bytes = sum(v for k, v in disk.items() if k.startswith(names.INDEX_DB_TABLE_PREFIX))
         return {
             "path": str(self.path),
@@ -1535,6 +1798,8 @@ class SegmentIndex:
             "staged_rows": staged_rows,
             # Entries removed whose table rows some table still holds, until it is swept (an index of entries).
             "unswept_removals": unswept,
+            # Batches that ``rollback`` can still undo whole (see UNDO_BATCHES).
+            "undoable_batches": undoable,
             "table_bytes_per_entry": table_bytes / count if count else None,
             "other_bytes_per_entry": (sum(disk.values()) - table_bytes) / count if count else None,
             "disk_bytes_by_db": disk,

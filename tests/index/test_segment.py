@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamdedup.index import IndexStorageError, PlanError, SegmentIndex, make_plan
+from streamdedup.index.plan import make_segment_plan
 from streamdedup.index.segment import CLOCK_WINDOW, FORMAT_VERSION
 from tests.index import crash_writer
 
@@ -1006,3 +1007,145 @@ def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifi
                 expected = [entry for entry in expected if shared[row, entry] >= 2]
             assert sorted(found.entries[found.rows == row].tolist()) == sorted(expected)
         assert np.bincount(found.rows, minlength=len(queries)).max() <= limit
+
+
+# ------------------------------------------------------------------ a rollback leaves no trace
+
+
+class _Oracle:
+    """What the index holds and answers, kept the brute-force way: expiry by whole time buckets before the
+    clock's cutoff, then the oldest (time bucket, insertion order) entries beyond ``max_entries``."""
+
+    def __init__(self, radius: int, max_age: float, max_entries: int, bucket: float) -> None:
+        self.radius, self.max_age, self.max_entries, self.bucket = radius, max_age, max_entries, bucket
+        self.entries: list[tuple[int, str, int, float]] = []  # (seq, id, fingerprint, time)
+        self.window: list[float] = []
+        self.clock = -math.inf
+        self.next_seq = 0
+
+    def batch(self, ids: list[str], fps: list[int], times: list[float]) -> list[bool]:
+        kept: list[int] = []
+        for row, fp in enumerate(fps):
+            stored = any((fp ^ f).bit_count() <= self.radius for _, i, f, _ in self.entries if i != ids[row])
+            earlier = any((fp ^ fps[k]).bit_count() <= self.radius for k in kept)
+            if not stored and not earlier:
+                kept.append(row)
+        if kept:
+            new = {ids[k] for k in kept}
+            self.entries = [e for e in self.entries if e[1] not in new]
+            for k in kept:
+                self.entries.append((self.next_seq, ids[k], fps[k], times[k]))
+                self.next_seq += 1
+            self.window = (self.window + [times[k] for k in kept])[-CLOCK_WINDOW:]
+            self.clock = max(float(np.median(self.window)), self.clock)
+            cutoff = math.floor((self.clock - self.max_age) / self.bucket)
+            self.entries = [e for e in self.entries if math.floor(e[3] / self.bucket) >= cutoff]
+            oldest_first = sorted(self.entries, key=lambda e: (math.floor(e[3] / self.bucket), e[0]))
+            doomed = {e[0] for e in oldest_first[: max(0, len(self.entries) - self.max_entries)]}
+            self.entries = [e for e in self.entries if e[0] not in doomed]
+        return [row in kept for row in range(len(ids))]
+
+
+def _replay_stream(seed: int, n: int) -> tuple[list[str], np.ndarray, np.ndarray, list[int]]:
+    """Ids, 64-bit fingerprints (a third near copies of earlier ones), event times (rising, some late) and batch
+    sizes."""
+    rng = np.random.default_rng(seed)
+    fps = _random(n, 1, rng)
+    copies = np.flatnonzero(rng.random(n) < 0.35)
+    copies = copies[copies > 0]
+    sources = (rng.random(len(copies)) * copies).astype(np.int64)
+    fps[copies] = _flip(fps[sources], rng.integers(0, 6, len(copies)), rng)
+    times = np.arange(n, dtype=np.float64) + rng.normal(0, 3, n).round(1)
+    sizes = []
+    while sum(sizes) < n:
+        sizes.append(int(min(rng.integers(1, 13), n - sum(sizes))))
+    return [f"d{i}" for i in range(n)], fps, times, sizes
+
+
+@pytest.mark.parametrize("bits", [64, 256])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_rolled_back_batch_leaves_no_trace_in_expiry_eviction_or_the_clock(tmp_path: Path, bits: int, seed: int) -> None:
+    n, max_age, max_entries, bucket = 900, 120.0, 60, 10.0
+    ids, fps64, times, sizes = _replay_stream(seed, n)
+    rng = random.Random(seed)
+    # 256 bits: an index of entries (its tables name entries, kept or swept), compared with the run without
+    # rollbacks; 64 bits: an index of folds, compared with the brute-force oracle as well.
+    fps = fps64 if bits == 64 else np.repeat(fps64, bits // 64, axis=1)
+    plan = None if bits == 64 else make_segment_plan(bits, bits // 32)
+    radius = 3 if bits == 64 else bits
+
+    def open_index(path: Path) -> SegmentIndex:
+        return SegmentIndex(
+            path, bits, radius, plan=plan, max_age=max_age, max_entries=max_entries, time_bucket=bucket, sync=False
+        )
+
+    bounds = np.cumsum([0, *sizes]).tolist()
+
+    def decide(index: SegmentIndex, b: int) -> list[bool]:
+        low, high = bounds[b], bounds[b + 1]
+        found = index.query_insert(
+            ids[low:high],
+            fps[low:high],
+            times=times[low:high],
+            origins=[("in", 0, offset) for offset in range(low, high)],
+            source_offsets={("in", 0): high},
+        )
+        return [not matches for matches in found]
+
+    def contents(index: SegmentIndex) -> tuple[list[tuple[str, str, float]], float | None]:
+        return [(e["id"], e["fingerprint"], e["time"]) for e in index.export()], index.stats()["clock"]
+
+    with open_index(tmp_path / "straight") as straight, open_index(tmp_path / "replayed") as replayed:
+        expected: list[bool] = []
+        oracle = _Oracle(3, max_age, max_entries, bucket)
+        for b in range(len(sizes)):
+            verdicts = decide(straight, b)
+            expected += verdicts
+            if bits == 64:
+                low, high = bounds[b], bounds[b + 1]
+                assert verdicts == oracle.batch(ids[low:high], fps64[low:high, 0].tolist(), times[low:high].tolist()), b
+        if bits == 64:
+            assert [e[0] for e in contents(straight)[0]] == [e[1] for e in oracle.entries]
+            assert contents(straight)[1] == oracle.clock
+        evicted = n - len(straight)
+        assert len(straight) <= max_entries and evicted > n // 2
+
+        got: list[bool] = []
+        rollbacks = b = 0
+        while b < len(sizes):
+            got[bounds[b] :] = decide(replayed, b)
+            b += 1
+            if b >= 2 and rng.random() < 0.3:
+                back = rng.choice([1, 2])
+                b -= back
+                removed = replayed.rollback({("in", 0): bounds[b]})
+                assert removed == sum(got[bounds[b] : bounds[b + back]])
+                rollbacks += 1
+        assert rollbacks > 20
+        assert got == expected
+        assert contents(replayed) == contents(straight)
+        assert len(replayed) == len(straight)
+
+
+def test_a_rollback_past_what_it_can_undo_removes_the_entries_alone(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    fps = _random(40, 1, rng)
+    with SegmentIndex(tmp_path / "i", 64, 3, max_entries=10, time_bucket=1.0, sync=False) as index:
+        for b in range(4):
+            rows = range(10 * b, 10 * b + 10)
+            index.add(
+                [f"d{i}" for i in rows],
+                fps[list(rows)],
+                times=[float(i) for i in rows],
+                origins=[("in", 0, i) for i in rows],
+                source_offsets={("in", 0): 10 * b + 10},
+            )
+        assert index.stats()["undoable_batches"] == 4
+        # The batch at offsets 30.. is undone whole: the ten it evicted (offsets 20..) come back.
+        assert index.rollback({("in", 0): 30}) == 10
+        assert [e["id"] for e in index.export()] == [f"d{i}" for i in range(20, 30)]
+        assert index.stats()["clock"] == 14.5
+        # Offsets 25.. end in the middle of a batch: those five are removed alone, and nothing older is undone.
+        assert index.rollback({("in", 0): 25}) == 5
+        assert [e["id"] for e in index.export()] == [f"d{i}" for i in range(20, 25)]
+        assert index.stats()["undoable_batches"] == 0
