@@ -30,6 +30,7 @@ class HealthServer(Lifecycle):
 
     liveness: conditions that must hold for the process to be worth keeping (a crashed consume loop makes it
     fail, so the orchestrator restarts the pod); by default the process is alive while it answers at all.
+    reasons: why conditions fail, by condition name; ``/readyz`` adds them to its body as ``reasons``.
     """
 
     def __init__(
@@ -40,10 +41,12 @@ class HealthServer(Lifecycle):
         host: str = "0.0.0.0",
         port: int = 8000,
         liveness: ReadinessCheck | None = None,
+        reasons: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self._registry = registry
         self._readiness = readiness
         self._liveness = liveness
+        self._reasons = reasons
         self._host = host
         self._requested_port = port
         self._runner: web.AppRunner | None = None
@@ -90,13 +93,15 @@ class HealthServer(Lifecycle):
         return _conditions_response(self._liveness() if self._liveness is not None else {"serving": True})
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        return _conditions_response(self._readiness())
+        return _conditions_response(self._readiness(), self._reasons() if self._reasons is not None else {})
 
 
-def _conditions_response(conditions: Mapping[str, bool]) -> web.Response:
+def _conditions_response(conditions: Mapping[str, bool], reasons: Mapping[str, str] | None = None) -> web.Response:
     ok = bool(conditions) and all(conditions.values())
-    body = {
+    body: dict[str, object] = {
         "status": "ok" if ok else "unavailable",
         "checks": {name: bool(value) for name, value in conditions.items()},
     }
+    if reasons:
+        body["reasons"] = dict(reasons)
     return web.json_response(body, status=200 if ok else 503)

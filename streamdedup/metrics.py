@@ -225,6 +225,15 @@ class ServiceMetrics:
         self.index_expired_entries = Counter(
             "index_expired_entries", "Index entries removed for age or capacity.", **common
         )
+        self.index_storage_failing = Gauge(
+            "index_storage_failing",
+            "1 while the index refuses to store batches (its map at index.max_map_size_bytes, its disk full): "
+            "consumption is paused and the batch retried.",
+            **common,
+        )
+        self.index_storage_errors = Counter(
+            "index_storage_errors", "Attempts to store a batch that the index refused (full map or disk).", **common
+        )
         self.consumer_lag_records = Gauge(
             "consumer_lag_records",
             "Records between the next offset to process and the high watermark.",
@@ -344,6 +353,12 @@ class ServiceMetrics:
         self.index_mirrored_tables.set(mirrored_tables)
         if expired:
             self.index_expired_entries.inc(expired)
+
+    def record_storage(self, *, failed: bool) -> None:
+        """A batch did (``failed``) or did not fail to store in the index; ``index_storage_failing`` follows."""
+        self.index_storage_failing.set(1 if failed else 0)
+        if failed:
+            self.index_storage_errors.inc()
 
     def record_assignment(self, partitions: Collection[tuple[str, int]]) -> None:
         """A rebalance finished with ``partitions`` assigned; lag series of revoked partitions are removed."""

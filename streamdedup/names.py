@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "DEAD_LETTER_DECIDE_CRASH",
     "DEAD_LETTER_DECIDE_ERROR",
     "DEAD_LETTER_DECODE_ERROR",
     "DEAD_LETTER_EMPTY_TEXT",
@@ -92,6 +93,9 @@ DEAD_LETTER_SIGN_ERROR = "sign_error"
 DEAD_LETTER_DECIDE_ERROR = "decide_error"
 # What the service would publish for the record is larger than its topic (or the producer) accepts.
 DEAD_LETTER_OUTPUT_TOO_LARGE = "output_too_large"
+# Deciding the document killed the decision process (a native crash, the OOM killer), found by deciding its batch
+# in parts on fresh processes.
+DEAD_LETTER_DECIDE_CRASH = "decide_crash"
 DEAD_LETTER_REASONS = (
     DEAD_LETTER_INVALID_JSON,
     DEAD_LETTER_MISSING_FIELD,
@@ -104,6 +108,7 @@ DEAD_LETTER_REASONS = (
     DEAD_LETTER_SIGN_ERROR,
     DEAD_LETTER_DECIDE_ERROR,
     DEAD_LETTER_OUTPUT_TOO_LARGE,
+    DEAD_LETTER_DECIDE_CRASH,
 )
 
 METRIC_PREFIX = "streamdedup_"

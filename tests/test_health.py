@@ -70,6 +70,27 @@ async def test_liveness_check_fails_healthz() -> None:
         assert await get(server.port, "/healthz") == (503, {"status": "unavailable", "checks": {"consume_loop": False}})
 
 
+async def test_readyz_says_why_a_condition_fails() -> None:
+    reasons: dict[str, str] = {"index_storing": "index map is full at max_map_size=65536 bytes"}
+    async with HealthServer(
+        CollectorRegistry(),
+        lambda: {"index_storing": not reasons},
+        host="127.0.0.1",
+        port=0,
+        reasons=lambda: reasons,
+    ) as server:
+        assert await get(server.port, "/readyz") == (
+            503,
+            {
+                "status": "unavailable",
+                "checks": {"index_storing": False},
+                "reasons": {"index_storing": "index map is full at max_map_size=65536 bytes"},
+            },
+        )
+        reasons.clear()
+        assert await get(server.port, "/readyz") == (200, {"status": "ok", "checks": {"index_storing": True}})
+
+
 async def test_no_conditions_is_not_ready() -> None:
     async with HealthServer(CollectorRegistry(), dict, host="127.0.0.1", port=0) as server:
         assert (await get(server.port, "/readyz"))[0] == 503

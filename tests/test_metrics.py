@@ -50,6 +50,8 @@ EXPECTED_FAMILIES = {
     "streamdedup_index_mirror_bytes": ("gauge", set()),
     "streamdedup_index_mirrored_tables": ("gauge", set()),
     "streamdedup_index_expired_entries": ("counter", set()),
+    "streamdedup_index_storage_failing": ("gauge", set()),
+    "streamdedup_index_storage_errors": ("counter", set()),
     "streamdedup_consumer_lag_records": ("gauge", {"topic", "partition"}),
     "streamdedup_consumer_lag_seconds": ("gauge", {"topic", "partition"}),
     "streamdedup_assigned_partitions": ("gauge", set()),
@@ -246,6 +248,17 @@ def test_real_index_stats_feed_the_gauges(tmp_path: Path) -> None:
         <= value(metrics, "streamdedup_index_map_size_bytes")
         < value(metrics, "streamdedup_index_capacity_bytes")
     )
+
+
+def test_storage_failures_set_the_gauge_until_a_batch_stores_and_are_counted() -> None:
+    metrics = ServiceMetrics()
+    assert value(metrics, "streamdedup_index_storage_failing") == 0
+    metrics.record_storage(failed=True)
+    metrics.record_storage(failed=True)
+    assert value(metrics, "streamdedup_index_storage_failing") == 1
+    metrics.record_storage(failed=False)
+    assert value(metrics, "streamdedup_index_storage_failing") == 0
+    assert value(metrics, "streamdedup_index_storage_errors_total") == 2
 
 
 def test_rebalance_drops_lag_series_of_revoked_partitions() -> None:
