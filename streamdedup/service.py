@@ -20,10 +20,12 @@ import logging
 import signal
 import time
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import reduce
 
+import numpy as np
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
 from aiokafka.structs import ConsumerRecord
@@ -34,6 +36,7 @@ from .fingerprint import fingerprint_hex
 from .garbage import collecting_for_batches
 from .document import DeadLetter, Document, DocumentDecoder
 from .health import HealthServer
+from .index import STORAGE_ERRORS
 from .kafka.admin import admin_client, ensure_topics, wait_for_group_coordinator
 from .kafka.clients import common_options
 from .kafka.consumer import BatchConsumer, Unreadable
@@ -51,6 +54,7 @@ from .kafka.records import (
 from .lifecycle import Lifecycle
 from .metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from .names import (
+    DEAD_LETTER_DECIDE_CRASH,
     DEAD_LETTER_DECIDE_ERROR,
     DEAD_LETTER_OUTPUT_TOO_LARGE,
     DEAD_LETTER_REASONS,
@@ -82,6 +86,15 @@ _DEAD_LETTER_LOG_SECONDS = 10.0
 # What a duplicate adds to its input record beside the fingerprint (match id, distance, reason, source): an
 # input record this much under its topic's limit fits there. Larger match ids are cut with the dead letter.
 _OUTPUT_HEADER_ALLOWANCE = 4096
+# While consumption is paused (the index refuses batches, a decision process is replaced), the consumer is polled
+# this often: one that does not poll for max.poll.interval.ms (5 minutes) leaves the group.
+_PAUSED_POLL_SECONDS = 1.0
+# The error of a document whose decision killed the decision process ("what: Class: message", as _failed reads).
+_DECIDE_CRASH = "killed the decision process: DecisionProcessDied: it died deciding this document alone"
+
+
+class _Interrupted(Exception):
+    """A stop or a rebalance cut short the recovery of a batch: it is fetched again from the committed offsets."""
 
 
 class InstanceFenced(RuntimeError):
@@ -165,6 +178,14 @@ class DedupService(Lifecycle):
         # The largest record each output topic takes, read at the start of each session.
         self._record_limits: dict[str, int] = {}
         self._dead_letter_log = _DeadLetterLog(_DEAD_LETTER_LOG_SECONDS)
+        # Why the index refuses batches (full map or disk), None while it stores them; the next pause after one.
+        self._storage_error: str | None = None
+        self._storage_pause = 0.0
+        # The pause before the next decision process starts: none after one that decided something, then doubling.
+        self._death_pause = 0.0
+        # The batch the decision process died deciding, and how many times.
+        self._dying: tuple[_Prepared, int] | None = None
+        self._fetching_paused = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -180,6 +201,7 @@ class DedupService(Lifecycle):
                 host=self.settings.metrics.host,
                 port=self.settings.metrics.port,
                 liveness=self._liveness,
+                reasons=self._readiness_reasons,
             )
             await self._health.start()
         self._task = asyncio.create_task(self._main(), name="streamdedup-service")
@@ -299,7 +321,11 @@ class DedupService(Lifecycle):
             "partitions_assigned": bool(self._assigned) and not self._split,
             "index_open": self._decisions.open,
             "producer_ready": self._producer_ready,
+            "index_storing": self._storage_error is None,
         }
+
+    def _readiness_reasons(self) -> Mapping[str, str]:
+        return {} if self._storage_error is None else {"index_storing": self._storage_error}
 
     def _liveness(self) -> Mapping[str, bool]:
         return {"consume_loop_running": self._task is not None and not self._task.done()}
@@ -331,10 +357,11 @@ class DedupService(Lifecycle):
                 backoff = min(backoff * 2, kafka.retry_backoff_max_seconds)
             except DecisionProcessDied as exc:
                 # LMDB kept every batch the worker committed; the new session reconciles them with Kafka.
-                log.error("%s; starting a new one", exc)
-                self.metrics.record_worker_death("decision")
-                await self._decisions.stop()
-                await self._decisions.start()
+                await self._sleep_unless_stopping(self._decision_died(exc))
+                await self._restart_decisions()
+            except STORAGE_ERRORS as exc:
+                # Outside a batch (reconciling, replaying): the new session starts over once the pause is over.
+                await self._sleep_unless_stopping(self._storage_failed(exc))
         self._dead_letter_log.flush()
         log.info("stopped", extra={"consumed": self.stats.consumed, "published": self.stats.published})
 
@@ -374,7 +401,7 @@ class DedupService(Lifecycle):
         nothing more is fetched, decided batches are not published, and reconciliation (once every batch
         fetched is decided) rolls the index back so that they are fetched again from the committed offsets.
         """
-        unpublished: deque[tuple[_Prepared, asyncio.Task[asyncio.Task[Verdicts]]]] = deque()
+        unpublished: _Unpublished = deque()
 
         def enqueue(records: Sequence[ConsumerRecord]) -> None:
             previous = unpublished[-1][1] if unpublished else None
@@ -413,7 +440,18 @@ class DedupService(Lifecycle):
                 ):
                     enqueue(following)
                 prepared, submission = unpublished[0]
-                verdicts = await (await submission)
+                try:
+                    verdicts = await (await submission)
+                except (*STORAGE_ERRORS, DecisionProcessDied) as exc:
+                    await self._recover(consumer, unpublished, exc)
+                    continue
+                except _Interrupted:
+                    await self._drained(unpublished)
+                    unpublished.clear()
+                    continue
+                self._death_pause = 0.0  # the decision process decides: a next death replaces it at once
+                if self._dying is not None or self._storage_error is not None or self._fetching_paused:
+                    self._recovered(consumer)
                 unpublished.popleft()
                 async with self._batch_lock:
                     if self._rebalanced(consumer):
@@ -429,14 +467,178 @@ class DedupService(Lifecycle):
             await self._settle()
 
     async def _submitted_after(
-        self, previous: asyncio.Task[asyncio.Task[Verdicts]] | None, prepared: _Prepared
-    ) -> asyncio.Task[Verdicts]:
+        self, previous: asyncio.Task[asyncio.Future[Verdicts]] | None, prepared: _Prepared
+    ) -> asyncio.Future[Verdicts]:
         """Queue ``prepared`` in the decision process once it is signed and ``previous`` (the batch fetched
         before it) is queued there: the index sees the batches in the order fetched. A batch behind one that
         failed to be queued fails with it."""
         if previous is not None:
             await previous
         return await self._submit_decision(prepared)
+
+    # ------------------------------------------------------------------ a batch that failed
+
+    async def _recover(self, consumer: BatchConsumer, unpublished: _Unpublished, error: Exception) -> None:
+        """The first unpublished batch failed: the decision process died deciding it, or the index could not
+        store it (its map at ``index.max_map_size_bytes``, its disk full). Nothing more is fetched (the group keeps
+        this member, the batches fetched wait here unpublished) and, after a pause that doubles with each failure,
+        the index is rolled back to the first unpublished record of each partition (undoing what a dying process
+        or a later batch stored) and the batches are queued again in order. A batch the decision process died on
+        is decided alone; once it killed it twice, in parts (:meth:`_decided_apart`). A stop or a rebalance drops
+        them instead: they are fetched again from the committed offsets."""
+        await self._settle()
+        await self._drained(unpublished)
+        head = unpublished[0][0]
+        if isinstance(error, DecisionProcessDied):
+            deaths = self._dying[1] + 1 if self._dying is not None and self._dying[0] is head else 1
+            self._dying = (head, deaths)
+        while True:
+            if isinstance(error, DecisionProcessDied):
+                pause = self._decision_died(error)
+            else:
+                pause = self._storage_failed(error)
+                await self._maintain_index(force=True)  # the gauges the alerts read; expiry may make room
+            if not await self._paused_for(consumer, pause):
+                unpublished.clear()
+                return
+            try:
+                if not self._decisions.open:
+                    await self._restart_decisions()
+                await self._decisions.rollback(
+                    _first_offsets(
+                        (record.topic, record.partition, record.offset)
+                        for prepared, _ in unpublished
+                        for record in prepared.records
+                    )
+                )
+            except (*STORAGE_ERRORS, DecisionProcessDied) as exc:
+                error = exc
+                continue
+            break
+        batches = [prepared for prepared, _ in unpublished]
+        unpublished.clear()
+        previous: asyncio.Task[asyncio.Future[Verdicts]] | None = None
+        for prepared in batches:
+            if previous is None and self._dying is not None and self._dying[0] is prepared:
+                if self._dying[1] < 2:
+                    work = self._decided_alone(prepared)
+                else:
+                    work = self._done(self._decided_apart(prepared, lambda pause: self._paused_for(consumer, pause)))
+            else:
+                work = self._submitted_after(previous, prepared)
+            previous = asyncio.create_task(work)
+            unpublished.append((prepared, previous))
+
+    def _recovered(self, consumer: BatchConsumer) -> None:
+        """The first unpublished batch has its verdicts: fetching resumes."""
+        self._dying = None
+        if self._storage_error is not None:
+            log.warning("the index stores batches again; consuming again")
+            self._storage_error = None
+            self._storage_pause = 0.0
+            self.metrics.record_storage(failed=False)
+        if self._fetching_paused:
+            consumer.resume(consumer.assignment())
+            self._fetching_paused = False
+
+    def _storage_failed(self, error: Exception) -> float:
+        """Record that the index refused a batch; the pause before the next attempt."""
+        kafka = self.settings.kafka
+        pause = self._storage_pause or kafka.retry_backoff_seconds
+        self._storage_pause = min(2 * pause, kafka.retry_backoff_max_seconds)
+        self._storage_error = f"{type(error).__name__}: {error}"
+        self.metrics.record_storage(failed=True)
+        log.error(
+            "THE INDEX CANNOT STORE THE BATCH (%s): consumption paused, not ready; trying again in %.1f s "
+            "(free space on the index's volume, or raise index.max_map_size_bytes and restart)",
+            self._storage_error,
+            pause,
+        )
+        return pause
+
+    def _decision_died(self, error: Exception) -> float:
+        """Record a death of the decision process; the pause before the next one starts."""
+        kafka = self.settings.kafka
+        pause = self._death_pause
+        self._death_pause = min(max(2 * pause, kafka.retry_backoff_seconds), kafka.retry_backoff_max_seconds)
+        self.metrics.record_worker_death("decision")
+        log.error("%s; starting a new one in %.1f s", error, pause)
+        return pause
+
+    async def _restart_decisions(self) -> None:
+        await self._decisions.stop()
+        await self._decisions.start()
+
+    async def _paused_for(self, consumer: BatchConsumer, seconds: float) -> bool:
+        """Wait ``seconds`` fetching nothing: every assigned partition paused, the consumer polled now and then
+        so that the group keeps this member. False when a stop or a rebalance cut the wait short."""
+        consumer.pause(consumer.assignment())
+        self._fetching_paused = True
+        deadline = time.monotonic() + seconds
+        while not (self._stopping.is_set() or self._rebalanced(consumer)):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            await self._sleep_unless_stopping(min(remaining, _PAUSED_POLL_SECONDS))
+            await consumer.batch(wait=False)
+        return False
+
+    @staticmethod
+    async def _drained(unpublished: _Unpublished) -> None:
+        """Wait until every unpublished batch's decision has ended, whatever its outcome."""
+        submissions = await asyncio.gather(*(submission for _, submission in unpublished), return_exceptions=True)
+        await asyncio.gather(*(s for s in submissions if isinstance(s, asyncio.Future)), return_exceptions=True)
+
+    async def _decided_alone(self, prepared: _Prepared) -> asyncio.Future[Verdicts]:
+        """The batch's decision, queued only once it is over: no later batch shares the process with it."""
+        decision = await self._submit_decision(prepared)
+        await asyncio.wait([decision])
+        return decision
+
+    @staticmethod
+    async def _done(verdicts: Awaitable[Verdicts]) -> asyncio.Future[Verdicts]:
+        future: asyncio.Future[Verdicts] = asyncio.get_running_loop().create_future()
+        future.set_result(await verdicts)
+        return future
+
+    async def _decided_apart(self, prepared: _Prepared, wait: Callable[[float], Awaitable[bool]]) -> Verdicts:
+        """The verdicts of a batch whose decision killed the decision process twice, decided in parts on fresh
+        processes: a part that kills it is halved, down to the documents that kill it alone. Those get the crash
+        as their error (dead-lettered as ``decide_crash``, not stored); the others get the verdicts they get in
+        one batch, since the decision core's do not depend on batch boundaries. The batch's input offsets are
+        stored once every part is decided. ``wait(pause)`` waits before each new process, False to give up."""
+        documents = prepared.documents
+        offsets = {(tp.topic, tp.partition): offset for tp, offset in prepared.next_offsets.items()}
+        signatures = await self._signatures(prepared)
+        width = self.settings.fingerprint.width
+        parts: list[Verdicts] = []
+        count = len(documents)
+        todo = [(count // 2, count), (0, count // 2)] if count > 1 else []
+        if count == 1:
+            log.error("document %r kills the decision process; dead-lettering it", documents[0].id)
+            parts.append(_crashed(width))
+        while todo:
+            low, high = todo.pop()
+            part = None if signatures is None else signatures.subset(slice(low, high))
+            try:
+                verdicts, _ = await self._decisions.submit(documents[low:high], source_offsets={}, signatures=part)
+            except DecisionProcessDied as exc:
+                if not await wait(self._decision_died(exc)):
+                    raise _Interrupted from exc
+                await self._restart_decisions()
+                await self._decisions.rollback(_first_offsets(doc.origin for doc in documents[low:high]))
+                if high - low == 1:
+                    log.error("document %r kills the decision process; dead-lettering it", documents[low].id)
+                    parts.append(_crashed(width))
+                else:
+                    middle = (low + high) // 2
+                    todo += [(middle, high), (low, middle)]
+                continue
+            self._death_pause = 0.0
+            parts.append(verdicts)
+        # Nothing left that can kill it: the offsets of a batch without documents.
+        empty, _ = await self._decisions.submit([], source_offsets=offsets, signatures=None)
+        return reduce(Verdicts.joined, parts, empty)
 
     def _rebalanced(self, consumer: BatchConsumer) -> bool:
         """Whether the assignment changed since the index was last reconciled with Kafka."""
@@ -793,7 +995,7 @@ class DedupService(Lifecycle):
             lags[(topic, partition)] = PartitionLag(behind, max(0.0, now - record.timestamp / 1000) if behind else 0.0)
         self.metrics.record_lag(lags)
 
-    async def _maintain_index(self) -> None:
+    async def _maintain_index(self, *, force: bool = False) -> None:
         """Every few seconds: drop entries past max_age (event time) and refresh the index gauges.
 
         Expiry only reclaims space: the decision core already ignores entries older than max_age (each document
@@ -801,15 +1003,23 @@ class DedupService(Lifecycle):
         ahead do not move.
         """
         now = time.monotonic()
-        if now - self._index_stats_at < _INDEX_STATS_INTERVAL_SECONDS:
+        if now - self._index_stats_at < _INDEX_STATS_INTERVAL_SECONDS and not force:
             return
         self._index_stats_at = now
-        expired, usage = await self._decisions.maintain()
+        try:
+            expired, usage = await self._decisions.maintain()
+        except STORAGE_ERRORS as exc:
+            if not force:
+                raise
+            log.warning("index maintenance failed too: %r", exc)  # the index is full: expiry has no room either
+            return
         self.metrics.record_index(
             entries=usage["entries"],
             used_bytes=usage["disk_bytes"],
             map_size_bytes=usage["map_size"],
-            capacity_bytes=index_capacity_bytes(self._decisions.path, usage["disk_bytes"]),
+            capacity_bytes=index_capacity_bytes(
+                self._decisions.path, usage["disk_bytes"], self.settings.index.max_map_size_bytes
+            ),
             mirror_bytes=usage["mirror_bytes"],
             mirrored_tables=usage["mirrored_tables"],
             expired=expired,
@@ -844,10 +1054,32 @@ class DedupService(Lifecycle):
             pass
 
 
+_Unpublished = deque[tuple[_Prepared, asyncio.Task[asyncio.Future[Verdicts]]]]
+"""Batches fetched and not yet published, in order, each with the task that queues its decision."""
+
+
+def _first_offsets(origins: Iterable[tuple[str, int, int]]) -> dict[tuple[str, int], int]:
+    """The first offset of each partition among these (topic, partition, offset)."""
+    first: dict[tuple[str, int], int] = {}
+    for topic, partition, offset in origins:
+        if offset < first.get((topic, partition), offset + 1):
+            first[(topic, partition)] = offset
+    return first
+
+
+def _crashed(width: int) -> Verdicts:
+    """The verdict of a document whose decision kills the decision process: not stored, dead-lettered."""
+    fingerprint = np.zeros((1, width // 64), dtype=np.uint64)
+    return Verdicts(np.ones(1, dtype=bool), ["unindexable"], fingerprint, [None], [None], [None], (_DECIDE_CRASH,))
+
+
 def _failed(error: str, doc_id: str, default_id: str) -> DeadLetter:
     """The dead letter of a document whose verdict carries ``error``: the decision core's "not decided: Class:
-    message", or the signer's "could not ... this text: Class: message"."""
-    reason = DEAD_LETTER_DECIDE_ERROR if error.startswith("not decided:") else DEAD_LETTER_SIGN_ERROR
+    message", the signer's "could not ... this text: Class: message", or a crash of the decision process."""
+    if error == _DECIDE_CRASH:
+        reason = DEAD_LETTER_DECIDE_CRASH
+    else:
+        reason = DEAD_LETTER_DECIDE_ERROR if error.startswith("not decided:") else DEAD_LETTER_SIGN_ERROR
     parts = error.split(": ", 2)
     name = parts[1] if len(parts) == 3 and parts[1].isidentifier() else None
     return DeadLetter(reason, f"document {doc_id!r}: {error}", default_id, name)

@@ -344,3 +344,35 @@ def plant_signing_bug(monkeypatch: pytest.MonkeyPatch, poison: str, message: str
         return real(self, texts)
 
     monkeypatch.setattr(Fingerprinter, "fingerprint_batch", broken)
+
+
+# --- The decision process: a document whose decision kills it ---------------------------------------------
+import signal
+
+from streamdedup import decision_process as decision_process_module
+
+_CRASH_ID_VARIABLE = "STREAMDEDUP_TEST_CRASH_ID"
+
+
+class CrashingDecisionCore(decision_process_module._DecisionCore):
+    """The decision core of a worker process that kills itself (SIGKILL) whenever it is to decide a batch holding
+    the document whose id is in $STREAMDEDUP_TEST_CRASH_ID: a native crash, as no exception handler sees it."""
+
+    def __init__(self, settings: object) -> None:
+        super().__init__(settings)  # type: ignore[arg-type]
+        poison = os.environ[_CRASH_ID_VARIABLE]
+        decide = self.dedup.decide
+
+        def crashing(docs: Sequence[object], **kwargs: object) -> object:
+            if any(doc.id == poison for doc in docs):  # type: ignore[attr-defined]
+                os.kill(os.getpid(), signal.SIGKILL)
+            return decide(docs, **kwargs)  # type: ignore[arg-type]
+
+        self.dedup.decide = crashing  # type: ignore[method-assign]
+
+
+def plant_decision_crash(monkeypatch: pytest.MonkeyPatch, poison_id: str) -> None:
+    """Make every decision process started afterwards kill itself when it decides a batch holding ``poison_id``
+    (``dedup.workers`` >= 1: the process is spawned, imports this module and reads the id from its environment)."""
+    monkeypatch.setenv(_CRASH_ID_VARIABLE, poison_id)
+    monkeypatch.setattr(decision_process_module, "_DecisionCore", CrashingDecisionCore)

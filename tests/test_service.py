@@ -9,6 +9,8 @@ import json
 import logging
 import os
 import random
+import re
+import resource
 import shutil
 import signal
 import struct
@@ -63,6 +65,7 @@ from tests.conftest import (
     SecuredKafka,
     consume_records,
     plant_decision_bug,
+    plant_decision_crash,
     plant_signing_bug,
     process_running,
     process_state,
@@ -339,6 +342,7 @@ async def test_a_service_refused_by_the_broker_retries_and_is_not_ready(secured_
                     "partitions_assigned": False,
                     "index_open": True,
                     "producer_ready": False,
+                    "index_storing": True,
                 }
         assert service.stats.consumed == 0
     assert await committed_offset(secured_kafka.plaintext, settings.kafka.group_id, topics.input) == 0
@@ -1153,6 +1157,172 @@ async def test_a_decision_process_killed_while_the_input_is_idle_is_replaced_wit
     assert sum("died while the input was idle" in record.getMessage() for record in caplog.records) == 1
     expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=100)
     assert_same_output(await kafka_consume(topics.output, timeout=60), expected)
+
+
+def quick_retries(bootstrap: str, topics: Topics, index_path: Path, **kafka: Any) -> dict[str, Any]:
+    """:func:`overrides` with pauses of 0.2 s doubling up to 0.8 s between retries, so a test sees several."""
+    return overrides(bootstrap, topics, index_path, retry_backoff_seconds=0.2, retry_backoff_max_seconds=0.8, **kafka)
+
+
+def _sample(service: DedupService, name: str, **labels: str) -> float | None:
+    return service.metrics.registry.get_sample_value(name, labels)
+
+
+def _logged_pauses(caplog: pytest.LogCaptureFixture, pattern: str) -> list[float]:
+    """The pauses, in seconds, of the service's log lines matching ``pattern`` (a group around the number)."""
+    return [float(m.group(1)) for record in caplog.records if (m := re.search(pattern, record.getMessage()))]
+
+
+async def _readyz(session: aiohttp.ClientSession, service: DedupService) -> tuple[int, dict[str, Any]]:
+    async with session.get(f"http://127.0.0.1:{service.health_port}/readyz") as response:
+        return response.status, await response.json()
+
+
+def _storage_failing(service: DedupService) -> Any:
+    return lambda: _async_true(_sample(service, "streamdedup_index_storage_failing") == 1)
+
+
+async def test_a_full_index_map_pauses_consumption_with_backoff_and_a_larger_map_goes_on_from_there(
+    kafka_bootstrap: str,
+    topics: Topics,
+    kafka_produce: Any,
+    kafka_consume: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The map cannot grow past index.max_map_size_bytes, and a setting changes only with a restart: the pause,
+    # the readiness, the metrics and the backoff are watched in the running service, the space returns with a
+    # restart under a larger limit.
+    caplog.set_level(logging.INFO, logger=service_module.__name__)
+    limit = 2 << 20
+    stream = synthetic_stream(6000, seed=43)
+    config = quick_retries(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=100)
+    config["index"].update(map_size_bytes=limit, max_map_size_bytes=limit)
+    config["metrics"] = {"enabled": True, "host": "127.0.0.1", "port": 0}
+    settings = load_settings(None, **config)
+    await kafka_produce(topics.input, stream)
+
+    def last_pauses() -> list[float]:
+        """The pauses since the index last stored a batch (a batch decided with those queued behind it may not
+        fit where it fits alone)."""
+        pauses: list[float] = []
+        for record in caplog.records:
+            if "stores batches again" in record.getMessage():
+                pauses = []
+            elif m := re.search(r"THE INDEX CANNOT STORE THE BATCH .* trying again in ([\d.]+) s", record.getMessage()):
+                pauses.append(float(m.group(1)))
+        return pauses
+
+    async with DedupService(settings) as service, aiohttp.ClientSession() as session:
+        await wait_for(_storage_failing(service), 120, "the index map to fill")
+        await wait_for(lambda: _async_true(len(last_pauses()) >= 4), 60, "four attempts at the same batch")
+        stuck = service.stats.consumed
+        status, body = await _readyz(session, service)
+        await asyncio.sleep(2)  # paused: nothing more is consumed, nothing is lost
+        assert service.running and service.stats.consumed == stuck < len(stream)
+        assert _sample(service, "streamdedup_index_capacity_bytes") == limit
+        # The group kept this member: one assignment, no rebalance since.
+        assert _sample(service, "streamdedup_rebalances_total") == 1
+    assert status == 503 and body["checks"]["index_storing"] is False
+    assert f"max_map_size={limit}" in body["reasons"]["index_storing"]
+    assert last_pauses()[:5] == pytest.approx([0.2, 0.4, 0.8, 0.8, 0.8])
+    assert await committed_offset(kafka_bootstrap, config["kafka"]["group_id"], topics.input) == stuck
+
+    config["index"]["max_map_size_bytes"] = 4 * limit
+    larger = load_settings(None, **config)
+    async with DedupService(larger) as service:
+        await wait_for(lambda: _consumed(service, len(stream) - stuck), 120, "the rest of the stream")
+        assert _sample(service, "streamdedup_index_storage_failing") == 0
+    expected = offline_novel(larger, tmp_path / "offline", stream, topics.input, batch=100)
+    assert_same_output(await kafka_consume(topics.output, timeout=60), expected)
+
+
+async def test_a_full_disk_pauses_consumption_and_consuming_resumes_by_itself_once_there_is_room(
+    kafka_bootstrap: str,
+    topics: Topics,
+    kafka_produce: Any,
+    kafka_consume: Any,
+    tmp_path: Path,
+) -> None:
+    stream = synthetic_stream(3000, seed=47)
+    config = quick_retries(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=100)
+    config["metrics"] = {"enabled": True, "host": "127.0.0.1", "port": 0}
+    settings = load_settings(None, **config, dedup={"workers": 1})
+    await kafka_produce(topics.input, stream[:500])
+    async with DedupService(settings) as service, aiohttp.ClientSession() as session:
+        await wait_for(lambda: _consumed(service, 500), 60, "the first five hundred")
+        pid = service._decisions.pid
+        assert pid is not None
+        # The kernel refuses to grow the index's file past its size: the decision process's file size limit
+        # (RLIMIT_FSIZE) fails LMDB's writes with EFBIG where a full disk fails them with ENOSPC.
+        room = (tmp_path / "index" / "data.mdb").stat().st_size
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (room, resource.RLIM_INFINITY))
+        await kafka_produce(topics.input, stream[500:])
+        await wait_for(_storage_failing(service), 60, "the disk to be full")
+        await wait_for(
+            lambda: _async_true(_sample(service, "streamdedup_index_storage_errors_total") >= 3), 60, "three attempts"
+        )
+        full_status, full_body = await _readyz(session, service)
+        stuck = service.stats.consumed
+        assert service.running and stuck < len(stream)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        await wait_for(lambda: _consumed(service, len(stream)), 120, "the rest of the stream")
+        status, body = await _readyz(session, service)
+        assert _sample(service, "streamdedup_index_storage_failing") == 0
+        assert _sample(service, "streamdedup_rebalances_total") == 1
+        deaths = _worker_deaths(service)
+    # EFBIG, or EIO where a write got part of its pages out: either way the commit failed and nothing is lost.
+    assert full_status == 503 and full_body["reasons"]["index_storing"].startswith("IndexStorageError: batch not stored")
+    assert (status, body["checks"]["index_storing"], "reasons" in body) == (200, True, False)
+    assert deaths == {"signer": 0.0, "decision": 0.0}
+    expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=100)
+    assert_same_output(await kafka_consume(topics.output, timeout=60), expected)
+
+
+async def test_a_document_that_kills_the_decision_process_is_found_by_halving_and_dead_lettered(
+    kafka_bootstrap: str,
+    topics: Topics,
+    kafka_produce: Any,
+    kafka_consume: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=service_module.__name__)
+    stream = synthetic_stream(400, seed=41)
+    poison_at = 200
+    plant_decision_crash(monkeypatch, f"{topics.input}-0-{poison_at}")
+    config = quick_retries(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=32)
+    settings = load_settings(None, **config, dedup={"workers": 1})
+    await kafka_produce(topics.input, stream[:poison_at])
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, poison_at), 60, "the records before the poison")
+        # Produced while the service waits for input, the poison opens the next batch: every part that kills
+        # the process starts with it, so no part is decided between two deaths (which would reset the pause).
+        await kafka_produce(topics.input, stream[poison_at:])
+        await wait_for(lambda: _consumed(service, len(stream)), 180, "the rest of the stream")
+        assert service.running
+        deaths = _worker_deaths(service)
+        rebalances = _sample(service, "streamdedup_rebalances_total")
+        crashes = _sample(service, "streamdedup_messages_dead_lettered_total", reason="decide_crash")
+    pauses = _logged_pauses(caplog, r"died.*; starting a new one in ([\d.]+) s")
+    # Two deaths on the whole batch, then one for each halving down to the poison.
+    assert len(pauses) >= 4
+    assert pauses == pytest.approx([0.0] + [min(0.2 * 2**k, 0.8) for k in range(len(pauses) - 1)])
+    assert deaths == {"signer": 0.0, "decision": float(len(pauses))}
+    assert (rebalances, crashes, dict(service.stats.dead_lettered)) == (1, 1, {"decide_crash": 1})
+    (dead,) = await kafka_consume(topics.dead_letters, count=1)
+    assert (dead.value, header(dead, HEADER_DEAD_LETTER_REASON), header(dead, HEADER_DEAD_LETTER_ERROR)) == (
+        stream[poison_at].value,
+        b"decide_crash",
+        b"DecisionProcessDied",
+    )
+    # Every other record once, with the verdicts of a stream without the poison.
+    without = stream[:poison_at] + stream[poison_at + 1 :]
+    expected = offline_novel(settings, tmp_path / "offline", without, topics.input, batch=32)
+    assert_same_output(await kafka_consume(topics.output, timeout=60), expected)
+    duplicates = await kafka_consume(topics.duplicates, timeout=60)
+    assert len(duplicates) == len(without) - len(expected)
 
 
 def _worker_deaths(service: DedupService) -> dict[str, float | None]:
