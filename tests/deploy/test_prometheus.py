@@ -63,6 +63,7 @@ def test_the_issue_asks_for_these_alerts_and_the_workers_one() -> None:
         "StreamdedupDeadLetterRate",
         "StreamdedupNoCommit",
         "StreamdedupIndexMapNearlyFull",
+        "StreamdedupIndexStorageFailing",
         "StreamdedupWorkersDying",
     }
     assert "up{" in expressions["StreamdedupDown"]
@@ -70,6 +71,7 @@ def test_the_issue_asks_for_these_alerts_and_the_workers_one() -> None:
     assert "streamdedup_messages_dead_lettered_total" in expressions["StreamdedupDeadLetterRate"]
     assert "streamdedup_last_commit_timestamp_seconds" in expressions["StreamdedupNoCommit"]
     assert "streamdedup_index_capacity_bytes" in expressions["StreamdedupIndexMapNearlyFull"]
+    assert "streamdedup_index_storage_failing" in expressions["StreamdedupIndexStorageFailing"]
     assert "streamdedup_worker_deaths_total" in expressions["StreamdedupWorkersDying"]
 
 
