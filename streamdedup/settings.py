@@ -131,6 +131,7 @@ class IndexSettings(Section):
     time_bucket_seconds: float = Field(default=3600.0, gt=0)
     max_tables: int = Field(default=16, ge=1, le=48)
     map_size_bytes: int = Field(default=1 << 30, ge=1 << 16)
+    # A batch that does not fit pauses consumption and is retried with the kafka retry backoff.
     max_map_size_bytes: int | None = Field(default=None, ge=1 << 16)
     sync: bool = True
     mirror_bytes: int = Field(default=320 << 20, ge=0)
@@ -236,6 +237,8 @@ class KafkaSettings(Section):
     heartbeat_interval_ms: int = Field(default=3_000, ge=100)
     transaction_timeout_ms: int = Field(default=60_000, ge=1000)
     request_timeout_ms: int = Field(default=30_000, ge=1000)
+    # Also the first pause before retrying a batch the index refused and before replacing a decision process that
+    # died again without deciding anything; each doubles up to retry_backoff_max_seconds.
     retry_backoff_seconds: float = Field(default=0.5, gt=0)
     retry_backoff_max_seconds: float = Field(default=30.0, gt=0)
     security: KafkaSecuritySettings = KafkaSecuritySettings()
