@@ -67,10 +67,10 @@ import numpy as np
 from .. import names
 from ..settings import IndexSettings
 from .key_filter import KeyFilter
-from .keys import TableKeys, first_copies, most_shared, packed, run_ranks, table_keys, table_rows
-from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
+from .keys import TableKeys, most_shared, packed, run_ranks, table_keys, table_rows
 from .mirror import MIRROR_RECORD_BYTES, TableMirror
 from .packed_ids import PackedIds
+from .plan import IndexPlan, PlanError, make_plan, make_segment_plan, scatter_bits
 from .sorted_rows import SortedRows, expand_ranges
 from .table import BIG_ENDIAN_U64 as _U64
 from .table import DuplicateRows, PackedBuckets, TableLayout, rows_in, table_class
@@ -1075,26 +1075,6 @@ class SegmentIndex:
         batch = self._batch(ids, fps, times, payloads, origins, keys)
         self._write(lambda txn: self._add_in(txn, batch, source_offsets))
 
-    def query_insert(
-        self,
-        ids: Sequence[str],
-        fps: np.ndarray,
-        *,
-        times: Sequence[float] | np.ndarray | None = None,
-        payloads: Sequence[bytes] | np.ndarray | None = None,
-        origins: Sequence[tuple[str, int, int] | None] | None = None,
-        source_offsets: Mapping[tuple[str, int], int] | None = None,
-        min_time: float | None = None,
-    ) -> list[list[tuple[str, int]]]:
-        """Look up each document against stored entries and the earlier *kept* documents of the batch; store
-        the documents without a match. One write transaction. Returns the matches as ``query`` does.
-
-        Only kept documents count as earlier matches, so verdicts do not depend on batch boundaries.
-        A stored entry with the document's own id is ignored: a replayed document is not its own duplicate.
-        """
-        batch = self._batch(ids, fps, times, payloads, origins, None)
-        return self._write(lambda txn: self._query_insert_in(txn, batch, source_offsets, min_time))
-
     def _batch(self, ids, fps, times, payloads, origins, keys) -> dict[str, Any]:
         fps = self._check_fps(fps)
         n = len(fps)
@@ -1322,61 +1302,6 @@ class SegmentIndex:
         for (topic, partition), offset in source_offsets.items():
             key = topic_ids[topic].to_bytes(4, "big") + int(partition).to_bytes(4, "big")
             txn.put(key, int(offset).to_bytes(8, "big"), db=self._sources)
-
-    def _query_insert_in(self, txn, batch, source_offsets, min_time) -> list[list[tuple[str, int]]]:
-        fps, ids = batch["fps"], batch["ids"]
-        n = len(fps)
-        result, records = self._search(txn, fps, min_time, batch["keys"])
-        if records is None:
-            records = self._records(txn, result.entries)
-        stored = self._group(n, result, records)
-        for row in range(n):
-            if stored[row] and any(found == ids[row] for found, _ in stored[row]):
-                stored[row] = [(found, d) for found, d in stored[row] if found != ids[row]]
-        # Only the first of identical fingerprints is an earlier side of a pair (a burst of n copies makes n
-        # pairs, not n**2 / 2). That is exact while no later copy is kept, which only an earlier copy too old
-        # for ``min_time`` allows: then the batch is resolved again with every pair.
-        copies = first_copies(fps)
-        firsts = copies == np.arange(n)
-        matches, novel = self._resolved(batch, stored, min_time, firsts)
-        if (novel & ~firsts).any():
-            matches, novel = self._resolved(batch, stored, min_time, None)
-        self._add_in(txn, _subset(batch, np.flatnonzero(novel)), source_offsets)
-        return matches
-
-    @staticmethod
-    def _resolved(
-        batch: dict[str, Any], stored: list[list[tuple[str, int]]], min_time: float | None, earlier_rows: np.ndarray | None
-    ) -> tuple[list[list[tuple[str, int]]], np.ndarray]:
-        """Each row's matches (stored ones and earlier kept rows of the batch) and whether it is kept, in
-        stream order: a row is kept only if nothing stored and no earlier kept row lies within the radius."""
-        fps, ids, times = batch["fps"], batch["ids"], batch["times"]
-        n = len(fps)
-        matches = [list(found) for found in stored]
-        novel = np.array([not found for found in matches], dtype=bool)
-        earlier, later, distances = batch["keys"].pairs(fps, earlier_rows)
-        if min_time is not None:
-            keep = times[earlier] >= min_time
-            earlier, later, distances = earlier[keep], later[keep], distances[keep]
-        order = np.lexsort((earlier, distances, later))
-        earlier, later, distances = earlier[order], later[order], distances[order]
-        bounds = np.searchsorted(later, np.arange(n + 1))
-        for row in np.unique(later).tolist():
-            for e, d in zip(earlier[bounds[row] : bounds[row + 1]].tolist(), distances[bounds[row] : bounds[row + 1]].tolist()):
-                if novel[e]:
-                    matches[row].append((ids[e], d))
-            if matches[row]:
-                novel[row] = False
-                matches[row].sort(key=lambda m: m[1])
-        return matches, novel
-
-    def batch_pairs(
-        self, fps: np.ndarray, *, keys: TableKeys | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """All (earlier, later, distance) row pairs of one batch within the radius, found through the plan's
-        keys in memory (the same guarantee as the stored tables), sorted by (earlier, later)."""
-        fps = self._check_fps(fps)
-        return self._keys(fps, keys).pairs(fps)
 
     # ----------------------------------------------------------------- removal and expiry
 

@@ -17,7 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamdedup.index import IndexStorageError, PlanError, SegmentIndex, make_plan
+from streamdedup.index import (
+    IndexStorageError,
+    PlanError,
+    SegmentIndex,
+    make_plan,
+    table_keys,
+)
 from streamdedup.index.plan import make_segment_plan
 from streamdedup.index.segment import CLOCK_WINDOW, FORMAT_VERSION
 from tests.index import crash_writer
@@ -96,7 +102,7 @@ def test_exact_plans_return_exactly_the_brute_force_answer(
             assert flat.rows.tolist() == [row for row, hits in enumerate(expected) for _ in hits]
             assert flat.distances.tolist() == [d for hits in expected for _, d in hits]
             assert index.entries(flat.entries).ids == [i for hits in expected for i, _ in hits]
-            earlier, later, distances = index.batch_pairs(stored)
+            earlier, later, distances = table_keys(index.plan, stored).pairs(stored)
             pairs = np.bitwise_count(stored[:, None, :] ^ stored[None, :, :]).sum(axis=2)
             first, second = np.nonzero(np.triu(pairs <= radius, k=1))
             assert (earlier.tolist(), later.tolist(), distances.tolist()) == (
@@ -164,69 +170,13 @@ def test_sampled_plan_recall_measured_through_the_index_matches_the_computed_rec
     assert all(d <= 14 for hits in results for _, d in hits)
 
 
-def test_query_insert_matches_earlier_kept_documents_whatever_the_batch_boundaries(tmp_path: Path) -> None:
-    rng = np.random.default_rng(3)
-    base = _random(1, 1, rng)
-    # a ~ b (2 bits), b ~ c (2 bits), a !~ c (4 bits) at radius 3: b is dropped, so c is novel.
-    a = base
-    b = a ^ np.uint64(0b11)
-    c = b ^ np.uint64(0b1100)
-    others = _random(5, 1, rng)
-    fps = np.concatenate([a, others[:2], b, others[2:], c, a])
-    ids = [f"x{i}" for i in range(len(fps))]
-    outcomes = []
-    for size in (len(fps), 1, 3):
-        with SegmentIndex(tmp_path / f"s{size}", 64, 3, expected_entries=1000) as index:
-            results = []
-            for start in range(0, len(fps), size):
-                results += index.query_insert(ids[start : start + size], fps[start : start + size], times=np.zeros(min(size, len(fps) - start)))
-            outcomes.append((results, len(index)))
-    assert outcomes[0] == outcomes[1] == outcomes[2]
-    results, stored = outcomes[0]
-    assert results[3] == [("x0", 2)]
-    assert results[7] == []
-    assert results[8] == [("x0", 0)]
-    assert stored == 7
-
-
-def test_query_insert_on_a_burst_of_copies_decides_as_one_document_at_a_time(tmp_path: Path) -> None:
-    # 1,500 copies of one fingerprint among near copies and others: in one batch only the first copy is an
-    # earlier side of a pair, and the verdicts equal those of one query_insert per document.
-    rng = np.random.default_rng(11)
-    a = _random(1, 1, rng)
-    near = a ^ np.uint64(0b101)
-    others = _random(40, 1, rng)
-    fps = np.concatenate([others[:20], np.repeat(a, 700, axis=0), near, np.repeat(a, 800, axis=0), others[20:]])
-    ids = [f"x{i}" for i in range(len(fps))]
-    times = np.zeros(len(fps))
-    with SegmentIndex(tmp_path / "batch", 64, 3, expected_entries=10_000, sync=False) as index:
-        together = index.query_insert(ids, fps, times=times)
-        kept_together = len(index)
-    with SegmentIndex(tmp_path / "alone", 64, 3, expected_entries=10_000, sync=False) as index:
-        alone = [index.query_insert(ids[i : i + 1], fps[i : i + 1], times=times[i : i + 1])[0] for i in range(len(fps))]
-        kept_alone = len(index)
-    assert together == alone
-    assert kept_together == kept_alone == 40 + 1
-    assert together[21] == [("x20", 0)] and together[720] == [("x20", 2)] and together[-41] == [("x20", 0)]
-
-
-def test_query_insert_resolves_every_pair_when_a_later_copy_is_kept(tmp_path: Path) -> None:
-    # The first copy is too old for min_time, so it cannot drop the second, which is kept and drops the third:
-    # a verdict the first copy alone as an earlier side would miss.
-    fps = np.repeat(_random(1, 1, np.random.default_rng(12)), 3, axis=0)
-    with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, sync=False) as index:
-        results = index.query_insert(["old", "new", "copy"], fps, times=np.array([0.0, 100.0, 100.0]), min_time=50.0)
-        assert results == [[], [], [("new", 0)]]
-        assert len(index) == 2
-
-
-def test_replaying_a_document_does_not_match_itself_and_readding_an_id_replaces_it(tmp_path: Path) -> None:
+def test_readding_an_id_replaces_it(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     fps = _random(3, 1, rng)
     moved = _random(1, 1, rng)
     with SegmentIndex(tmp_path, 64, 3, expected_entries=1000) as index:
-        assert index.query_insert(["a", "b", "c"], fps) == [[], [], []]
-        assert index.query_insert(["a"], fps[:1]) == [[]]
+        index.add(["a", "b", "c"], fps)
+        index.add(["a"], fps[:1])
         assert len(index) == 3
         index.add(["b"], moved)
         assert len(index) == 3
@@ -632,7 +582,7 @@ def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(tmp_path
     with SegmentIndex(tmp_path / "seg", bits, bits, plan=plan) as index:
         index.add([f"e{i}" for i in range(len(stored))], stored)
         found = index.query(queries)
-        earlier, later, _ = index.batch_pairs(stored)
+        earlier, later, _ = table_keys(index.plan, stored).pairs(stored)
     qs, ss = _segments(queries, size), _segments(stored, size)
     for row, hits in enumerate(found):
         shares = ((qs[row] == ss) & (ss != 0)).any(axis=1)
@@ -1082,15 +1032,24 @@ def test_a_rolled_back_batch_leaves_no_trace_in_expiry_eviction_or_the_clock(tmp
     bounds = np.cumsum([0, *sizes]).tolist()
 
     def decide(index: SegmentIndex, b: int) -> list[bool]:
+        """Keep each document that matches no stored entry (but its own id) and no earlier kept one of its batch."""
         low, high = bounds[b], bounds[b + 1]
-        found = index.query_insert(
-            ids[low:high],
-            fps[low:high],
-            times=times[low:high],
-            origins=[("in", 0, offset) for offset in range(low, high)],
+        batch = fps[low:high]
+        found, records = index.search_entries(batch)
+        matched = {row for row, entry_id in zip(found.rows.tolist(), records.ids) if entry_id != ids[low + row]}
+        earlier, later, _ = table_keys(index.plan, batch).pairs(batch)
+        kept: list[int] = []
+        for row in range(high - low):
+            if row not in matched and not set(earlier[later == row].tolist()) & set(kept):
+                kept.append(row)
+        index.add(
+            [ids[low + k] for k in kept],
+            batch[kept],
+            times=times[low:high][kept],
+            origins=[("in", 0, low + k) for k in kept],
             source_offsets={("in", 0): high},
         )
-        return [not matches for matches in found]
+        return [row in kept for row in range(high - low)]
 
     def contents(index: SegmentIndex) -> tuple[list[tuple[str, str, float]], float | None]:
         return [(e["id"], e["fingerprint"], e["time"]) for e in index.export()], index.stats()["clock"]
