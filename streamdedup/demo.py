@@ -119,7 +119,9 @@ async def _demo(run: _Run) -> tuple[ServiceStats, int, list[ConsumerRecord]]:
                 await asyncio.sleep(0.2)
         stats = service.stats
     published = len(await _read_committed(kafka.bootstrap_servers, kafka.output_topic))
-    duplicates = await _read_committed(kafka.bootstrap_servers, kafka.duplicates_topic) if kafka.duplicates_topic else []
+    duplicates = (
+        await _read_committed(kafka.bootstrap_servers, kafka.duplicates_topic) if kafka.duplicates_topic else []
+    )
     return stats, published, duplicates
 
 
@@ -197,7 +199,10 @@ def _print_summary(run: _Run, stats: ServiceStats, published: int, dropped: list
     print("summary")
     print(f"  consumed:       {stats.consumed}")
     print(f"  published:      {published} (read back from {kafka.output_topic}, read_committed)")
-    print(f"  dropped:        {sum(stats.dropped.values())} ({', '.join(f'{k} {v}' for k, v in sorted(stats.dropped.items())) or 'none'})")
+    print(
+        f"  dropped:        {sum(stats.dropped.values())} "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(stats.dropped.items())) or 'none'})"
+    )
     for line in _jaccard_ranges(dropped):
         print(f"    {line}")
     print(f"  dead-lettered:  {sum(stats.dead_lettered.values())} ({_reasons(stats)})")
@@ -220,7 +225,9 @@ def _jaccard_ranges(dropped: list[_Dropped]) -> list[str]:
             continue
         # One run, one threshold; a redelivery is dropped by its id, whatever its Jaccard.
         threshold = ones[0].threshold
-        held = "" if reason == "redelivered" else ", dedup.verify off" if threshold is None else f", threshold {threshold}"
+        held = (
+            "" if reason == "redelivered" else ", dedup.verify off" if threshold is None else f", threshold {threshold}"
+        )
         median = statistics.median(values)
         lines.append(f"{reason}: estimated Jaccard {min(values):.3f} to {max(values):.3f}, median {median:.3f}{held}")
     return lines

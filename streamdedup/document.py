@@ -143,7 +143,8 @@ class DocumentDecoder:
             if not all(type(text) is str for text in column):
                 return None
             columns.append(column)
-        texts = columns[0] if len(columns) == 1 else list(map(self.settings.text_separator.join, zip(*columns)))
+        join = self.settings.text_separator.join
+        texts = columns[0] if len(columns) == 1 else list(map(join, zip(*columns, strict=True)))
         # str.strip() leaves nothing exactly when the text is empty or all whitespace.
         if "" in texts or any(map(str.isspace, texts)):
             return None
@@ -225,7 +226,7 @@ class DocumentDecoder:
         integers past 64 bits as floats), None when a text or the id is a float: the standard library reads
         that record again, so that an id stays exactly as written."""
         parts = []
-        for path, name in zip(self._text_paths, self.settings.text_fields):
+        for path, name in zip(self._text_paths, self.settings.text_fields, strict=False):
             value = _lookup(record, path)
             if not floats_exact and type(value) is float:
                 return None

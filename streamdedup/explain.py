@@ -54,7 +54,8 @@ class Explanation:
         jaccard = f"their estimated Jaccard {self.estimated_jaccard:.3f}"
         held = f"the threshold {self.threshold} (dedup.min_jaccard)"
         if not self.indexable[1]:
-            return f"b would be kept: {self.verdict.error or 'it has no features to fingerprint'}, so nothing can match it."
+            why = self.verdict.error or "it has no features to fingerprint"
+            return f"b would be kept: {why}, so nothing can match it."
         if not self.indexable[0]:
             return "b would be kept: a has no features to fingerprint, so it is never stored and nothing matches it."
         shared = f"they share {self.shared} of {self._tables()}"
@@ -62,7 +63,9 @@ class Explanation:
             kind = "an exact copy" if self.verdict.reason == "exact" else "a near copy"
             compared = f"b would be dropped as {kind} of a: {shared} ({self.needed} needed), so the index compares them"
             if self.threshold is None:
-                return f"{compared}, and with dedup.verify off every candidate is a duplicate ({jaccard} is not checked)."
+                return (
+                    f"{compared}, and with dedup.verify off every candidate is a duplicate ({jaccard} is not checked)."
+                )
             return f"{compared}, and {jaccard} is at least {held}."
         if not self.candidate:
             if self.radius is not None and self.distance > self.radius:
@@ -72,21 +75,35 @@ class Explanation:
             else:
                 why = f"{shared}, and b, keyed in {self.keyed[1]} of them, needs {self.needed}"
             threshold = "" if self.threshold is None else f", threshold {self.threshold}"
-            return f"b would be kept: {why}, so the index never compares them (estimated Jaccard {self.estimated_jaccard:.3f}{threshold})."
+            return (
+                f"b would be kept: {why}, so the index never compares them "
+                f"(estimated Jaccard {self.estimated_jaccard:.3f}{threshold})."
+            )
         if self.threshold is not None and self.estimated_jaccard < self.threshold:
             return f"b would be kept: {shared}, so the index compares them, but {jaccard} is below {held}."
         return "b would be kept (novel)."
 
     def lines(self) -> list[str]:
         decision = "kept (novel)" if self.verdict.novel else f"dropped ({self.verdict.reason} duplicate of a)"
-        threshold = "dedup.verify off: not checked" if self.threshold is None else f"threshold {self.threshold}, dedup.min_jaccard"
+        threshold = (
+            "dedup.verify off: not checked"
+            if self.threshold is None
+            else f"threshold {self.threshold}, dedup.min_jaccard"
+        )
         unit = "segments" if self.segmented else "index tables"
         lone = f"; {LONE_SEGMENT_LIMIT} or more keyed need 2" if self.needed > 1 else ""
         radius = " (no index.radius: it decides nothing)" if self.radius is None else f" (index.radius {self.radius})"
         rows = [
             ("decision on b", decision),
-            ("estimated jaccard", f"{self.estimated_jaccard:.3f} ({threshold}; bottom-{self.sketch_size} MinHash sketches)"),
-            (f"shared {unit}", f"{self.shared} of {self.tables}, {self.needed} needed (keyed: a {self.keyed[0]}, b {self.keyed[1]}{lone})"),
+            (
+                "estimated jaccard",
+                f"{self.estimated_jaccard:.3f} ({threshold}; bottom-{self.sketch_size} MinHash sketches)",
+            ),
+            (
+                f"shared {unit}",
+                f"{self.shared} of {self.tables}, {self.needed} needed "
+                f"(keyed: a {self.keyed[0]}, b {self.keyed[1]}{lone})",
+            ),
             ("hamming distance", f"{self.distance} of {len(self.fingerprints[0]) * 4} bits{radius}"),
             ("a normalised", repr(self.normalized[0])),
             ("b normalised", repr(self.normalized[1])),

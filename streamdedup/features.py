@@ -440,9 +440,7 @@ class FeatureExtractor:
                 batch.code_points, classes == NOSPACE, size, nospace_starts[short], run_lengths[short]
             )
             full = len(starts) - len(short)
-            owners = np.concatenate(
-                [_owners(starts[:full], document_starts), _owners(starts[full:], document_starts)]
-            )
+            owners = np.concatenate([_owners(starts[:full], document_starts), _owners(starts[full:], document_starts)])
             wordy[owners] = True
             add(_Spans(original(), starts, starts + lengths), hashes, lengths, owners)
 
@@ -480,7 +478,10 @@ class FeatureExtractor:
         return self._collect(batch.lengths, groups, identities, owner_lists)
 
     def _add_symbol_grams(
-        self, batch: CodePointBatch, documents: np.ndarray, add: Callable[[_Group, np.ndarray, np.ndarray, np.ndarray], None]
+        self,
+        batch: CodePointBatch,
+        documents: np.ndarray,
+        add: Callable[[_Group, np.ndarray, np.ndarray, np.ndarray], None],
     ) -> None:
         """Character n-grams of the non-space code points of documents without any word character."""
         lengths = batch.lengths[documents]
@@ -498,7 +499,12 @@ class FeatureExtractor:
         segment_starts = np.flatnonzero(np.diff(owners, prepend=-1))
         segment_ends = np.append(segment_starts[1:], len(positions))
         starts, ends, segment = _windows(segment_starts, segment_ends, self.settings.cjk_char_ngram)
-        add(_Spans(compact, starts, ends), compact.span_hashes(starts, ends), ends - starts, owners[segment_starts][segment])
+        add(
+            _Spans(compact, starts, ends),
+            compact.span_hashes(starts, ends),
+            ends - starts,
+            owners[segment_starts][segment],
+        )
 
     def _identity(self, hashes: np.ndarray, lengths: np.ndarray | np.int64) -> np.ndarray:
         """Seeded 44-bit identity of a feature from its polynomial hash and length."""
@@ -550,8 +556,11 @@ class FeatureExtractor:
                 [owner[hit] for owner, hit in zip(owners, hits, strict=True)],
             )
             starts = np.cumsum([0, *group_sizes]).tolist()
-            positions = np.concatenate([np.empty(0, dtype=np.intp), *(hit + start for hit, start in zip(hits, starts))])
-            features, short = self._distinct(document_count, groups, group_sizes, keys, positions, (bounds, route_bounds))
+            shifted = (hit + start for hit, start in zip(hits, starts, strict=False))
+            positions = np.concatenate([np.empty(0, dtype=np.intp), *shifted])
+            features, short = self._distinct(
+                document_count, groups, group_sizes, keys, positions, (bounds, route_bounds)
+            )
             if features is not None:
                 return features
             bounds[short] = _IDENTITY_LIMIT
@@ -719,7 +728,10 @@ def _occurrence_keys(identities: list[np.ndarray], owners: list[np.ndarray]) -> 
     if not identities:
         return np.empty(0, dtype=np.uint64)
     return np.concatenate(
-        [(owner.astype(np.uint64) << _KEY_DOCUMENT_SHIFT) | each for each, owner in zip(identities, owners, strict=True)]
+        [
+            (owner.astype(np.uint64) << _KEY_DOCUMENT_SHIFT) | each
+            for each, owner in zip(identities, owners, strict=True)
+        ]
     )
 
 

@@ -168,7 +168,6 @@ def fingerprint_hex(fingerprints: np.ndarray) -> list[str]:
     return [digits[start : start + step] for start in range(0, len(digits), step)]
 
 
-
 # Deepest segment group the bit-sliced majority takes; deeper ones (unsampled long texts) use a reduction.
 _MAJORITY_DEPTH = 64
 
@@ -190,7 +189,9 @@ def segmented_simhash(
     """
     seg_bits = width // segments
     if width % segments or seg_bits > 64 or 64 % seg_bits:
-        raise ValueError(f"segments must split width {width} into equal parts of 1..64 bits dividing 64, got {segments}")
+        raise ValueError(
+            f"segments must split width {width} into equal parts of 1..64 bits dividing 64, got {segments}"
+        )
     if sample % segments:
         raise ValueError(f"sample must be a multiple of the {segments} segments, got {sample}")
     documents = len(features)

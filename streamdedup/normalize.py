@@ -191,7 +191,7 @@ def _mapping(nfkc: bool, fold: bool) -> _Mapping:
     assert len(folded) == len(originals)
     # Stable: neither a combining mark nor a code point that composes with the one before it.
     stable = [unicodedata.combining(char) == 0 and ord(char) not in composing for char in originals] if nfkc else []
-    solid = dict(zip(code_points, stable))
+    solid = dict(zip(code_points, stable, strict=False))
 
     single_sources: list[int] = []
     single_targets: list[int] = []

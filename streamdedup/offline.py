@@ -78,6 +78,7 @@ class DedupSummary:
             ],
         }
 
+
 def index_plan(settings: Settings) -> IndexPlan:
     """The table plan of a new index under ``settings`` (an existing index keeps its own)."""
     return planned(settings.index, bits=settings.fingerprint.width, segments=settings.fingerprint.segments)
@@ -96,10 +97,11 @@ def decide_lines(
     dedup: Deduplicator, batches: Iterable[list[bytes]], input_settings: InputSettings, pool: SignerPool | None
 ) -> Iterator[tuple[list[bytes], list[Document | DeadLetter], list[Document], Verdicts]]:
     """Each batch of JSONL lines, in order, with what each line decoded to, its documents (the lines that are
-    not dead letters) and their verdicts (ids default to ``line-N``, counted from 1 over all batches). With a pool, the batches after this one are
-    decoded and signed in the workers while this one is decided, two ahead per worker: with one, a worker that
-    shared the cores with deciding could still be signing the next batch when it was wanted. Documents come
-    back from the workers without their texts, which deciding does not read."""
+    not dead letters) and their verdicts (ids default to ``line-N``, counted from 1 over all batches). With a
+    pool, the batches after this one are decoded and signed in the workers while this one is decided, two ahead
+    per worker: with one, a worker that shared the cores with deciding could still be signing the next batch
+    when it was wanted. Documents come back from the workers without their texts, which deciding does not
+    read."""
     ahead = 0 if pool is None else 2 * pool.workers
     pending: deque[tuple[list[bytes], Future[_Read] | _Read]] = deque()
     first = 1
@@ -121,7 +123,9 @@ _Read = tuple[list[Document | DeadLetter], Signatures | None]
 
 def _decoded(lines: list[bytes], input_settings: InputSettings, first: int) -> list[Document | DeadLetter]:
     return DocumentDecoder(input_settings).decode_many(
-        lines, default_ids=[f"line-{number}" for number in range(first, first + len(lines))], timestamps=[0.0] * len(lines)
+        lines,
+        default_ids=[f"line-{number}" for number in range(first, first + len(lines))],
+        timestamps=[0.0] * len(lines),
     )
 
 
@@ -200,8 +204,15 @@ def _account(summary: DedupSummary, docs: list[Document], verdicts: Verdicts, ma
         summary.jaccards.setdefault(reason, []).append(jaccards[by_reason == reason])
     for row in duplicates[: max(0, max_examples - len(summary.examples))]:
         summary.examples.append(
-            Example(docs[row].id, verdicts.match_ids[row] or "", verdicts.reasons[row], verdicts.jaccards[row], verdicts.distances[row] or 0)
+            Example(
+                docs[row].id,
+                verdicts.match_ids[row] or "",
+                verdicts.reasons[row],
+                verdicts.jaccards[row],
+                verdicts.distances[row] or 0,
+            )
         )
+
 
 def _batches(source: BinaryIO, size: int) -> Iterator[list[bytes]]:
     batch: list[bytes] = []
@@ -221,7 +232,11 @@ def _with_newline(line: bytes) -> bytes:
 
 
 def _dead_letter_line(line: bytes, letter: DeadLetter) -> bytes:
-    record = {"reason": letter.reason, "detail": letter.detail, "original": line.decode("utf-8", "replace").rstrip("\n")}
+    record = {
+        "reason": letter.reason,
+        "detail": letter.detail,
+        "original": line.decode("utf-8", "replace").rstrip("\n"),
+    }
     return json.dumps(record, ensure_ascii=False).encode() + b"\n"
 
 
@@ -253,7 +268,9 @@ def fingerprint_command(
             decoded = [decoder.decode(line.rstrip(b"\r\n"), default_id="", timestamp=0.0) for line in batch]
             texts = [each.text if isinstance(each, Document) else None for each in decoded]
             result = fingerprinter.fingerprint_batch(texts)
-            for each, hex_value, error in zip(decoded, fingerprint_hex(result.fingerprints), result.errors, strict=True):
+            for each, hex_value, error in zip(
+                decoded, fingerprint_hex(result.fingerprints), result.errors, strict=True
+            ):
                 if isinstance(each, DeadLetter) or error is not None:
                     failed = True
                     reason = f"{each.reason}: {each.detail}" if isinstance(each, DeadLetter) else error

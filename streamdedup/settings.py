@@ -314,7 +314,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         if not Path(path).is_file():
             raise ConfigError(f"config file not found: {path}")
         # A subclass per load carries the file, so Settings itself stays free of global state.
-        settings_cls = type("Settings", (Settings,), {"model_config": {**Settings.model_config, "yaml_file": Path(path)}})
+        settings_cls = type(
+            "Settings", (Settings,), {"model_config": {**Settings.model_config, "yaml_file": Path(path)}}
+        )
     try:
         return settings_cls(**overrides)
     except ValidationError as exc:

@@ -41,7 +41,12 @@ def test_demo_publishes_what_the_offline_mode_keeps_and_dead_letters_the_bad_rec
         flags=re.MULTILINE,
     )
     assert len(examples) == 5 and all(a > b and float(jaccard) >= 0.55 for a, b, _, jaccard, _ in examples)
-    assert all((jaccard, distance) == ("1.000", "0") for _, _, reason, jaccard, distance in examples if reason == "exact")
+    assert all(
+        (jaccard, distance) == ("1.000", "0") for _, _, reason, jaccard, distance in examples if reason == "exact"
+    )
     # The same range of Jaccard estimates as the offline mode's over the same feed.
     near = offline.jaccard_range()["near"]
-    assert f"    near: estimated Jaccard {near['min']:.3f} to {near['max']:.3f}, median {near['median']:.3f}, threshold 0.55\n" in out
+    assert (
+        f"    near: estimated Jaccard {near['min']:.3f} to {near['max']:.3f}, "
+        f"median {near['median']:.3f}, threshold 0.55\n" in out
+    )

@@ -120,7 +120,8 @@ def decode_both(values: list[bytes | None], settings: InputSettings) -> tuple[li
     origins = [("t", 0, n) for n in range(len(values))]
     many = decoder.decode_many(values, default_ids=ids, timestamps=times, origins=origins)
     each = [
-        decoder.decode(value, default_id=ids[n], timestamp=times[n], origin=origins[n]) for n, value in enumerate(values)
+        decoder.decode(value, default_id=ids[n], timestamp=times[n], origin=origins[n])
+        for n, value in enumerate(values)
     ]
     return many, each
 
@@ -128,10 +129,14 @@ def decode_both(values: list[bytes | None], settings: InputSettings) -> tuple[li
 def test_a_batch_of_plain_records_decodes_column_by_column_as_record_by_record() -> None:
     values = [b'{"id": "a", "text": "first"}', b'{"text": "second", "id": "b", "extra": [1]}']
     many, each = decode_both(values, InputSettings(id_field="id"))
-    assert many == each == [
-        Document("a", "first", 1700000000.0, ("t", 0, 0)),
-        Document("b", "second", 1700000001.0, ("t", 0, 1)),
-    ]
+    assert (
+        many
+        == each
+        == [
+            Document("a", "first", 1700000000.0, ("t", 0, 0)),
+            Document("b", "second", 1700000001.0, ("t", 0, 1)),
+        ]
+    )
 
 
 def test_one_bad_record_in_a_batch_is_dead_lettered_alone() -> None:
@@ -139,7 +144,11 @@ def test_one_bad_record_in_a_batch_is_dead_lettered_alone() -> None:
     many, each = decode_both(values, InputSettings())
     assert many == each
     assert [type(item).__name__ for item in many] == ["Document", "DeadLetter", "DeadLetter", "DeadLetter", "Document"]
-    assert [item.reason for item in many if isinstance(item, DeadLetter)] == ["invalid_json", "null_value", "empty_text"]
+    assert [item.reason for item in many if isinstance(item, DeadLetter)] == [
+        "invalid_json",
+        "null_value",
+        "empty_text",
+    ]
     assert many[4] == Document("t-0-4", "also fine", 1700000004.0, ("t", 0, 4))
 
 
@@ -201,7 +210,9 @@ _RECORDS = st.one_of(
         ]
     ),
 )
-def test_decode_many_gives_what_decode_gives_each_value(values: list[bytes | None], settings: dict[str, object]) -> None:
+def test_decode_many_gives_what_decode_gives_each_value(
+    values: list[bytes | None], settings: dict[str, object]
+) -> None:
     # Clamping reads the wall clock, once per batch and once per record: none here, it has tests of its own.
     many, each = decode_both(values, InputSettings(**settings, max_future_seconds=1e300))
     assert many == each

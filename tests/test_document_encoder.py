@@ -26,7 +26,10 @@ def test_encoding_is_the_sparse_simhash_of_shake256_token_bits() -> None:
     encoder = SimHashDocumentEncoder(size=100, active_bits=21)
     tokens = ["hello", "there", "world"]
     bits = np.array(
-        [np.unpackbits(np.frombuffer(hashlib.shake_256(token.encode()).digest(13), dtype=np.uint8))[:100] for token in tokens]
+        [
+            np.unpackbits(np.frombuffer(hashlib.shake_256(token.encode()).digest(13), dtype=np.uint8))[:100]
+            for token in tokens
+        ]
     )
     assert encoder.encode("Hello there  world").tolist() == simhash_from_bits(bits, active_bits=21).tolist()
 
@@ -49,7 +52,10 @@ def test_empty_input_gives_all_zeros() -> None:
 def test_excludes_equal_removing_those_tokens() -> None:
     plain = SimHashDocumentEncoder(size=400, active_bits=40)
     excluding = SimHashDocumentEncoder(size=400, active_bits=40, excludes=["Brown", "dog"])
-    assert excluding.encode("the quick brown fox likes the dog").tolist() == plain.encode("the quick fox likes the").tolist()
+    assert (
+        excluding.encode("the quick brown fox likes the dog").tolist()
+        == plain.encode("the quick fox likes the").tolist()
+    )
 
 
 def test_case_sensitivity() -> None:
@@ -107,14 +113,19 @@ def test_frequency_floor_and_ceiling() -> None:
 def test_greek_and_cyrillic() -> None:
     encoder = SimHashDocumentEncoder(size=400, active_bits=40, token_similarity=True)
     assert encoder.encode("ΚΑΛΗΜΕΡΑ κόσμε").tolist() == encoder.encode("καλημερα κόσμε").tolist()
-    russian = encoder.encode_batch(["привет мир как дела сегодня", "привет мир как дела вчера", "совсем другой текст здесь"])
+    russian = encoder.encode_batch(
+        ["привет мир как дела сегодня", "привет мир как дела вчера", "совсем другой текст здесь"]
+    )
     assert russian.sum(axis=1).tolist() == [40, 40, 40]
     assert overlap(russian[0], russian[1]) > overlap(russian[0], russian[2])
 
 
 def test_statistics_of_random_documents() -> None:
     rng = random.Random(42)
-    documents = [" ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 10))) for _ in range(9)) for _ in range(1000)]
+    documents = [
+        " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 10))) for _ in range(9))
+        for _ in range(1000)
+    ]
     encoder = SimHashDocumentEncoder(size=400, sparsity=0.33)
     encodings = encoder.encode_batch(documents)
     activity = encodings.mean(axis=0)

@@ -11,7 +11,9 @@ SETTINGS = load_settings(Path(__file__).parents[1] / "config.yaml")
 
 
 def test_explain_near_duplicate() -> None:
-    result = explain("Hello, World! The cat sat on the mat today.", "hello world the cat sat on the mat today…", SETTINGS)
+    result = explain(
+        "Hello, World! The cat sat on the mat today.", "hello world the cat sat on the mat today…", SETTINGS
+    )
     assert result.normalized[0] == result.normalized[1] == "hello world the cat sat on the mat today"
     assert result.distance == 0 and result.estimated_jaccard == 1.0
     assert result.fingerprints[0] == result.fingerprints[1]
@@ -37,8 +39,10 @@ COMMITTEE = (
 )
 # Three shared segments, an estimated Jaccard just under the default 0.55.
 KAFKA = (
-    "Apache Kafka is a distributed event store and stream-processing platform developed by the Apache Software Foundation.",
-    "RabbitMQ is a message broker; Apache Kafka is a distributed event store developed by the Apache Software Foundation in Java.",
+    "Apache Kafka is a distributed event store and stream-processing platform developed by the Apache Software "
+    "Foundation.",
+    "RabbitMQ is a message broker; Apache Kafka is a distributed event store developed by the Apache Software "
+    "Foundation in Java.",
 )
 
 
@@ -75,7 +79,9 @@ def test_one_shared_segment_is_not_enough_for_a_document_keyed_in_many() -> None
     # Without a candidate bound one shared segment makes a candidate; the threshold then keeps b.
     unbounded = explain(*COMMITTEE, _with("dedup", max_candidates=None))
     assert unbounded.needed == 1 and unbounded.candidate and unbounded.verdict.novel
-    assert unbounded.summary().endswith("so the index compares them, but their estimated Jaccard 0.312 is below the threshold 0.55 (dedup.min_jaccard).")
+    assert unbounded.summary().endswith(
+        "so the index compares them, but their estimated Jaccard 0.312 is below the threshold 0.55 (dedup.min_jaccard)."
+    )
 
 
 def test_a_candidate_just_under_the_threshold_is_kept_and_without_verification_dropped() -> None:
@@ -87,8 +93,13 @@ def test_a_candidate_just_under_the_threshold_is_kept_and_without_verification_d
     )
     unverified = explain(*KAFKA, _with("dedup", verify=False))
     assert unverified.threshold is None and (unverified.verdict.reason, unverified.verdict.match_id) == ("near", "a")
-    assert "with dedup.verify off every candidate is a duplicate (their estimated Jaccard 0.547 is not checked)" in unverified.summary()
-    assert "estimated jaccard:    0.547 (dedup.verify off: not checked; bottom-64 MinHash sketches)" in unverified.lines()
+    assert (
+        "with dedup.verify off every candidate is a duplicate (their estimated Jaccard 0.547 is not checked)"
+        in unverified.summary()
+    )
+    assert (
+        "estimated jaccard:    0.547 (dedup.verify off: not checked; bottom-64 MinHash sketches)" in unverified.lines()
+    )
 
 
 def test_a_radius_and_a_text_without_features_are_named_as_what_kept_b() -> None:

@@ -16,7 +16,6 @@ from streamdedup.fingerprint import Fingerprinter, fingerprint_hex, simhash_from
 from streamdedup.normalize import CodePointBatch, Normalizer
 from streamdedup.settings import FeatureSettings
 
-
 # Classic Charikar SimHash over word tokens: every feature votes on every bit (the default is segmented).
 CLASSIC = {"width": 64, "segments": 1, "segment_sample": 0, "features": FeatureSettings()}
 
@@ -203,7 +202,11 @@ def test_bad_input_gets_a_defined_fingerprint_or_its_own_error() -> None:
     assert batch.fingerprints[8].tolist() == Fingerprinter().fingerprint(["word " * 200_000])[0].tolist()
     assert batch.fingerprints[9].tolist() == Fingerprinter().fingerprint(["bytes are decoded"])[0].tolist()
     # Bad neighbours change nothing for the good documents.
-    assert batch.fingerprints[0].tolist() == batch.fingerprints[10].tolist() == Fingerprinter().fingerprint([good])[0].tolist()
+    assert (
+        batch.fingerprints[0].tolist()
+        == batch.fingerprints[10].tolist()
+        == Fingerprinter().fingerprint([good])[0].tolist()
+    )
     assert batch.normalized[0] == good and batch.normalized[6] == ""
 
 
@@ -297,7 +300,7 @@ def brute_segments(
     A feature's route is its identity's range among ``segments`` equal ranges of the 44-bit identities; each
     segment samples its ``sample // segments`` features of least identity."""
     routed = [[] for _ in range(segments)]
-    for identity, h in sorted(zip(identities, hashes)):
+    for identity, h in sorted(zip(identities, hashes, strict=False)):
         routed[identity * segments >> 44].append((identity, h))
     members = [[h for _, h in features[: sample // segments or None]] for features in routed]
     values = []
@@ -307,7 +310,7 @@ def brute_segments(
     keyed = [len(group) >= min_features for group in members]
     if not any(keyed):
         keyed = [len(group) > 0 for group in members]
-    return [value if use else 0 for value, use in zip(values, keyed)]
+    return [value if use else 0 for value, use in zip(values, keyed, strict=False)]
 
 
 @settings(max_examples=40, deadline=None)
@@ -336,10 +339,13 @@ def test_segmented_simhash_matches_brute_force(
     weights = np.array([weight(h) for doc in docs for h in doc])
     batch = FeatureBatch(hashes, weights, offsets, hashes[:, None], flat_identities)
     fingerprints = segmented_simhash(batch, width, segments, min_features=min_features, sample=sample)
-    for row, doc, doc_identities in zip(fingerprints, docs, identities):
+    for row, doc, doc_identities in zip(fingerprints, docs, identities, strict=False):
         expected = brute_segments(doc, doc_identities, segments, bits, min_features, sample, weight)
         per_word = 64 // bits
-        got = [(int(row[g // per_word]) >> (bits * (per_word - 1 - g % per_word))) & ((1 << bits) - 1) for g in range(segments)]
+        got = [
+            (int(row[g // per_word]) >> (bits * (per_word - 1 - g % per_word))) & ((1 << bits) - 1)
+            for g in range(segments)
+        ]
         assert got == expected
 
 
@@ -361,7 +367,11 @@ def test_segmented_simhash_of_a_large_batch_equals_its_parts() -> None:
     def part(first: int, last: int) -> np.ndarray:
         low, high = offsets[first], offsets[last]
         batch = FeatureBatch(
-            hashes[low:high], np.ones(high - low), offsets[first : last + 1] - low, hashes[low:high, None], identities[low:high]
+            hashes[low:high],
+            np.ones(high - low),
+            offsets[first : last + 1] - low,
+            hashes[low:high, None],
+            identities[low:high],
         )
         return segmented_simhash(batch, 1024, segments, min_features=2, sample=96)
 
@@ -382,9 +392,9 @@ def test_a_small_edit_leaves_most_segments_equal() -> None:
     a, b = (segments32(row) for row in fingerprinter.fingerprint([text, text.replace("wahre", "echte")]))
     keyed = [x != 0 for x in a]
     assert sum(keyed) >= 8
-    assert sum(x == y for x, y, k in zip(a, b, keyed) if k) >= 0.5 * sum(keyed)
+    assert sum(x == y for x, y, k in zip(a, b, keyed, strict=False) if k) >= 0.5 * sum(keyed)
     unrelated = segments32(fingerprinter.fingerprint(["Stock markets fell sharply on Monday as investors fretted"])[0])
-    assert not any(x == y != 0 for x, y in zip(a, unrelated))
+    assert not any(x == y != 0 for x, y in zip(a, unrelated, strict=False))
 
 
 def test_sampling_makes_long_documents_as_stable_as_short_ones() -> None:
@@ -396,14 +406,14 @@ def test_sampling_makes_long_documents_as_stable_as_short_ones() -> None:
     everything = FeatureExtractor(sampled.extractor.settings).extract(batch.normalized[:1])
     assert everything.counts[0] > 96 * 40
     assert batch.features.counts.tolist() == [96, 96]
-    routed = list(zip(route_of(everything.identities, 32).tolist(), everything.identities.tolist()))
+    routed = list(zip(route_of(everything.identities, 32).tolist(), everything.identities.tolist(), strict=False))
     expected = [identity for route in range(32) for identity in [i for r, i in routed if r == route][:3]]
     assert batch.features.identities[:96].tolist() == expected
     # The few features the tail adds can only change the segments they are routed to: every other stays the same.
     tail = set(FeatureExtractor(sampled.extractor.settings).extract(batch.normalized[1:]).identities.tolist())
     touched = set(route_of(np.array(sorted(tail - set(everything.identities.tolist())), dtype=np.uint64), 32).tolist())
     assert 0 < len(touched) <= 4
-    changed = {g for g, (x, y) in enumerate(zip(*map(segments32, batch.fingerprints))) if x != y}
+    changed = {g for g, (x, y) in enumerate(zip(*map(segments32, batch.fingerprints), strict=False)) if x != y}
     assert changed <= touched
     assert sum(x != 0 for x in segments32(batch.fingerprints[0])) >= 16
 

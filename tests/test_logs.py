@@ -84,7 +84,12 @@ def _logged(settings: Settings, quiet: Quiet) -> list[str]:
 
 def test_a_report_keeps_the_libraries_info_lines_out_unless_the_settings_ask_for_debug() -> None:
     info = Settings()
-    assert _logged(info, "") == ["Joined group", "connection lost", "owning all 1 input partitions", "dead-lettered 3 records"]
+    assert _logged(info, "") == [
+        "Joined group",
+        "connection lost",
+        "owning all 1 input partitions",
+        "dead-lettered 3 records",
+    ]
     assert _logged(info, "libraries") == ["connection lost", "owning all 1 input partitions", "dead-lettered 3 records"]
     assert _logged(info, "all") == ["connection lost", "dead-lettered 3 records"]
     debug = Settings(logging={"level": "debug"})
@@ -97,7 +102,11 @@ def test_a_secret_escaped_in_a_bytes_repr_or_a_json_string_is_masked_too() -> No
     # aiokafka logs a SASL PLAIN request's bytes at DEBUG: a non-ASCII password shows as escapes there.
     password = 'grüße-"quoted"-\\-it\'s'
     request_bytes = b"\x00svc\x00" + password.encode()
-    messages = [f"SaslAuthenticateRequest_v1(sasl_auth_bytes={request_bytes!r})", f"plain {password}", f"in a tuple {(password,)!r}"]
+    messages = [
+        f"SaslAuthenticateRequest_v1(sasl_auth_bytes={request_bytes!r})",
+        f"plain {password}",
+        f"in a tuple {(password,)!r}",
+    ]
     fragments = ["grüße", "gr\\xc3\\xbc", "gr\\\\xc3\\\\xbc", "quoted"]
     for formatter in (JsonFormatter([password]), TextFormatter([password])):
         for message in messages:

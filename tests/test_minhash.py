@@ -93,7 +93,9 @@ def test_cluster_key_is_stable_and_needs_k_shared_members() -> None:
     sketches = sketcher.sketch(batch_of([members, members | {10**6}, set(range(50, 150)), {1, 2}]))
     keys = sketcher.cluster_key(sketches)
     assert isinstance(keys, list) and all(isinstance(key, bytes) and len(key) == 16 for key in keys)
-    assert keys[0] == sketcher.cluster_key(sketches[0]) == sketcher.cluster_key(BottomK(4).sketch(batch_of([members]))[0])
+    assert (
+        keys[0] == sketcher.cluster_key(sketches[0]) == sketcher.cluster_key(BottomK(4).sketch(batch_of([members]))[0])
+    )
     assert keys[0] != keys[2]
     assert keys[3][8:] == bytes.fromhex("ff" * 8)  # two members: the key is padded
     # One more member changes the key only when it hashes below the current k least values.

@@ -113,7 +113,9 @@ def test_nfkc_and_case_folding_match_python(texts: list[str]) -> None:
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
-        st.text(alphabet=st.sampled_from("ab @#:/.…wWhtps _,!東京😀\u0301") | st.characters(codec="utf-8"), max_size=30),
+        st.text(
+            alphabet=st.sampled_from("ab @#:/.…wWhtps _,!東京😀\u0301") | st.characters(codec="utf-8"), max_size=30
+        ),
         min_size=1,
         max_size=6,
     )

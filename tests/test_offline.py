@@ -51,7 +51,11 @@ def test_kept_records_are_written_unchanged_and_in_order(tmp_path: Path) -> None
 
 def test_the_summary_gives_the_jaccard_range_of_each_reason_with_the_threshold() -> None:
     summary = DedupSummary(threshold=0.55)
-    summary.jaccards = {"near": [np.array([0.6, 0.9]), np.array([0.7])], "exact": [np.array([1.0])], "redelivered": [np.zeros(0)]}
+    summary.jaccards = {
+        "near": [np.array([0.6, 0.9]), np.array([0.7])],
+        "exact": [np.array([1.0])],
+        "redelivered": [np.zeros(0)],
+    }
     summary.examples.append(Example("b", "a", "near", 0.859375, 40))
     described = summary.as_dict()
     assert described["threshold"] == 0.55
@@ -59,13 +63,28 @@ def test_the_summary_gives_the_jaccard_range_of_each_reason_with_the_threshold()
         "exact": {"min": 1.0, "median": 1.0, "max": 1.0},
         "near": {"min": 0.6, "median": 0.7, "max": 0.9},
     }
-    assert described["examples"] == [{"id": "b", "duplicate_of": "a", "reason": "near", "jaccard": 0.859, "distance": 40}]
+    assert described["examples"] == [
+        {"id": "b", "duplicate_of": "a", "reason": "near", "jaccard": 0.859, "distance": 40}
+    ]
 
 
 def test_cli_dedup_and_explain(tmp_path: Path, capsys) -> None:
     source = write_lines(tmp_path / "in.jsonl", [json.dumps({"id": str(i), "text": BASE}) for i in range(3)])
-    assert main(["--config", str(CONFIG), "dedup", str(source), "--output", str(tmp_path / "out.jsonl"),
-                 "--work-dir", str(tmp_path / "idx")]) == 0
+    assert (
+        main(
+            [
+                "--config",
+                str(CONFIG),
+                "dedup",
+                str(source),
+                "--output",
+                str(tmp_path / "out.jsonl"),
+                "--work-dir",
+                str(tmp_path / "idx"),
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["kept"] == 1 and summary["dropped"] == {"exact": 2}
     assert summary["threshold"] == 0.55
@@ -92,12 +111,16 @@ def test_config_may_follow_the_command(tmp_path: Path, capsys) -> None:
 def test_signing_workers_change_nothing_but_speed(tmp_path: Path) -> None:
     from streamdedup.quality.corpus import load_stream
 
-    records = [json.dumps({"id": d.id, "text": d.text}, ensure_ascii=False) for d in load_stream(split="holdout")[:5000]]
+    records = [
+        json.dumps({"id": d.id, "text": d.text}, ensure_ascii=False) for d in load_stream(split="holdout")[:5000]
+    ]
     source = write_lines(tmp_path / "in.jsonl", records)
     settings = load_settings(CONFIG)
     outputs = []
     for workers in (0, 1, 2):
-        configured = settings.model_copy(update={"dedup": settings.dedup.model_copy(update={"workers": workers, "batch_size": 700})})
+        configured = settings.model_copy(
+            update={"dedup": settings.dedup.model_copy(update={"workers": workers, "batch_size": 700})}
+        )
         out = tmp_path / f"out-{workers}.jsonl"
         summary = dedup_file(source, out, configured, work_dir=tmp_path / f"idx-{workers}")
         outputs.append((out.read_text(encoding="utf-8"), summary.as_dict()))
@@ -138,9 +161,7 @@ def test_an_index_built_under_other_fingerprint_settings_is_refused(tmp_path: Pa
     settings = load_settings(CONFIG)
     with open_index(settings, tmp_path / "index"):
         pass
-    other = settings.model_copy(
-        update={"fingerprint": settings.fingerprint.model_copy(update={"segment_sample": 64})}
-    )
+    other = settings.model_copy(update={"fingerprint": settings.fingerprint.model_copy(update={"segment_sample": 64})})
     with pytest.raises(PlanError, match="signing scheme"):
         open_index(other, tmp_path / "index")
     with open_index(settings, tmp_path / "index") as index:

@@ -78,7 +78,9 @@ def test_max_future_seconds_must_stay_below_max_age(monkeypatch: pytest.MonkeyPa
         load_settings(CONFIG)
     monkeypatch.setenv("STREAMDEDUP_INPUT__MAX_FUTURE_SECONDS", "3600")
     monkeypatch.setenv("STREAMDEDUP_INDEX__MAX_AGE_SECONDS", "3600")
-    with pytest.raises(ConfigError, match=r"^invalid configuration: Value error, input\.max_future_seconds \(3600\) must be less"):
+    with pytest.raises(
+        ConfigError, match=r"^invalid configuration: Value error, input\.max_future_seconds \(3600\) must be less"
+    ):
         load_settings(CONFIG)
     monkeypatch.setenv("STREAMDEDUP_INDEX__MAX_AGE_SECONDS", "3601")
     assert load_settings(CONFIG).input.max_future_seconds == 3600

@@ -44,7 +44,9 @@ FEED_SEED = 63
 FEED_START_TIME = 1_700_000_000.0
 
 
-def select_items(items: Sequence[SourceItem], per_language: int = PER_LANGUAGE, seed: int = SELECTION_SEED) -> list[SourceItem]:
+def select_items(
+    items: Sequence[SourceItem], per_language: int = PER_LANGUAGE, seed: int = SELECTION_SEED
+) -> list[SourceItem]:
     """Per source and language: exact repeats dropped, texts that normalise to almost nothing dropped, then a
     seeded sample of ``per_language`` (mostly tweet-sized, a share longer), in source order."""
     rng = random.Random(seed)
@@ -124,7 +126,9 @@ def describe(streams: dict[str, list[BenchDoc]], sources: Sequence[SourceItem]) 
     ]
     for split, docs in streams.items():
         labels = Counter(doc.label for doc in docs)
-        lines.append(f"| {split} | {len(docs)} | {labels['duplicate']} | {labels['clearly_novel']} | {labels['other']} |")
+        lines.append(
+            f"| {split} | {len(docs)} | {labels['duplicate']} | {labels['clearly_novel']} | {labels['other']} |"
+        )
     lines += [
         "",
         "## Sample feed (`sample_feed.jsonl`)",

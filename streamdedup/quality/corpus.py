@@ -34,11 +34,11 @@ from .sources import DATA_DIR, SourceItem, write_records
 __all__ = [
     "CLEARLY_NOVEL",
     "DUPLICATE",
+    "DUPLICATE_FROM",
     "EDIT_KINDS",
     "NOVEL_BELOW",
     "ORIGINAL",
     "OTHER",
-    "DUPLICATE_FROM",
     "STREAM_FILE",
     "BenchDoc",
     "Editor",
@@ -84,7 +84,7 @@ _GROUND_TRUTH_NORMALIZER = Normalizer(NormalizeSettings())
 _CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _HANDLE_ALPHABET = string.ascii_lowercase + string.digits + "_"
 _LINK_ALPHABET = string.ascii_letters + string.digits
-_HALF_WIDTH = str.maketrans("，。！？：；（）“”", ",.!?:;()\"\"")
+_HALF_WIDTH = str.maketrans("，。！？：；（）“”", ',.!?:;()""')
 
 
 @dataclass(frozen=True, slots=True)

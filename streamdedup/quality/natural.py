@@ -259,8 +259,15 @@ def load_natural(path: Path = NATURAL_FILE) -> tuple[list[BenchDoc], NearCopies]
             record = json.loads(line)
             docs.append(
                 BenchDoc(
-                    record["id"], NATURAL_SPLIT, "en", -1, record["part"], record["label"], record["jaccard"],
-                    record["match"], record["text"],
+                    record["id"],
+                    NATURAL_SPLIT,
+                    "en",
+                    -1,
+                    record["part"],
+                    record["label"],
+                    record["jaccard"],
+                    record["match"],
+                    record["text"],
                 )
             )
             same_as.append(-1 if record["same_as"] is None else record["same_as"])
@@ -276,7 +283,9 @@ def _apt_packages_text() -> str:
     dumpavail = subprocess.run(["apt-cache", "dumpavail"], check=True, capture_output=True, text=True).stdout
     listed = subprocess.run(
         ["apt-get", "indextargets", "--format", "$(FILENAME)", "Identifier: Translations"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.split()
     translations = [
         subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", name], check=True, capture_output=True, text=True).stdout
@@ -290,7 +299,9 @@ def _apt_packages_text() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m streamdedup.quality.natural", description=__doc__)
     parser.add_argument(
-        "--packages", type=Path, nargs="+",
+        "--packages",
+        type=Path,
+        nargs="+",
         help="Packages-format files read in this order (dumpavail output, then Translation-en); default: apt's",
     )
     parser.add_argument("--output", type=Path, default=NATURAL_FILE, help="where to write the labelled split")

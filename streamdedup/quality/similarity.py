@@ -92,7 +92,7 @@ class TokenSets:
         alphabet = np.flatnonzero(lookup)
         lookup[alphabet] = np.arange(1, alphabet.size + 1)
         base = alphabet.size + 1
-        if base ** size >= 2**63:  # too many distinct code points for one int64 per shingle
+        if base**size >= 2**63:  # too many distinct code points for one int64 per shingle
             return cls.of([shingles(text, size) for text in texts])
         padding = np.where(lengths > 0, np.maximum(size - lengths, 0), 0)
         starts = np.cumsum(lengths) - lengths
@@ -236,7 +236,10 @@ def _ppjoin(
     entry_rank = visit_rank[entry_owner]
     order = np.lexsort((entry_rank, entry_token))
     entry_token, entry_owner, entry_position, entry_rank = (
-        entry_token[order], entry_owner[order], entry_position[order], entry_rank[order]
+        entry_token[order],
+        entry_owner[order],
+        entry_position[order],
+        entry_rank[order],
     )
     entry_key = entry_token * n + entry_rank  # ascending
     member = np.zeros(int(tokens.max()) + 1 if tokens.size else 1, dtype=bool)
@@ -255,14 +258,20 @@ def _ppjoin(
         found_size = lengths[found]
         fits = found_size >= threshold * size - 1e-9
         found, found_position, probe_position, found_size = (
-            found[fits], found_position[fits], probe_position[fits], found_size[fits]
+            found[fits],
+            found_position[fits],
+            probe_position[fits],
+            found_size[fits],
         )
         if found.size == 0:
             continue
         # Positional bound: k shared tokens before this hit, this one, and at most the shorter remainder.
         order = np.lexsort((probe_position, found))
         found, found_position, probe_position, found_size = (
-            found[order], found_position[order], probe_position[order], found_size[order]
+            found[order],
+            found_position[order],
+            probe_position[order],
+            found_size[order],
         )
         run_start = np.ones(found.size, dtype=bool)
         run_start[1:] = found[1:] != found[:-1]

@@ -112,8 +112,10 @@ def extract_packages(deb_dir: Path) -> list[SourceItem]:
     Needs ``dpkg-deb`` and ``groff`` (for man pages). Items come out in a fixed order (package, path, position).
     """
     items: list[SourceItem] = []
-    packages = {**{name: ("fortunes", lang) for name, lang in FORTUNE_PACKAGES.items()},
-                **{name: ("manpages", lang) for name, lang in MANPAGE_PACKAGES.items()}}
+    packages = {
+        **{name: ("fortunes", lang) for name, lang in FORTUNE_PACKAGES.items()},
+        **{name: ("manpages", lang) for name, lang in MANPAGE_PACKAGES.items()},
+    }
     for name, (source, lang) in packages.items():
         debs = sorted(deb_dir.glob(f"{name}_*.deb"))
         if len(debs) != 1:
@@ -129,7 +131,9 @@ def extract_packages(deb_dir: Path) -> list[SourceItem]:
 
 
 def _deb_field(deb: Path, field: str) -> str:
-    return subprocess.run(["dpkg-deb", "-f", str(deb), field], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["dpkg-deb", "-f", str(deb), field], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _fortune_texts(root: Path, lang: str) -> Iterator[tuple[str, str]]:
@@ -160,7 +164,9 @@ def _manpage_texts(root: Path, lang: str) -> Iterator[tuple[str, str]]:
         rendered = subprocess.run(
             # A very long line and no hyphenation: each paragraph comes out as one line.
             ["groff", "-k", "-man", "-Tutf8", "-rLL=4000n", "-rHY=0", "-P-cbou"],
-            input=source, capture_output=True, check=False,
+            input=source,
+            capture_output=True,
+            check=False,
         ).stdout.decode("utf-8", errors="replace")
         for line in rendered.splitlines():
             if not line.startswith("       ") or line.startswith("              "):
@@ -185,4 +191,3 @@ def _is_prose(text: str, lang: str) -> bool:
         words = text.lower().split()
         return sum(word in _ENGLISH_WORDS for word in words) < 0.12 * len(words)
     return True
-

@@ -116,9 +116,7 @@ def test_labels_follow_the_definitions():
         "one fish two fish red fish blue fish!",  # the source repeats itself: Jaccard 1.0 after normalisation
         "one fish two fish red fish yellow cat",  # shares a lot, not enough: other
     ]
-    docs = label_stream([
-        _doc(position, cluster=position, text=text) for position, text in enumerate(texts)
-    ])
+    docs = label_stream([_doc(position, cluster=position, text=text) for position, text in enumerate(texts)])
     assert [doc.label for doc in docs] == [CLEARLY_NOVEL, CLEARLY_NOVEL, DUPLICATE, OTHER]
     assert docs[2].match == "d0" and docs[2].jaccard == 1.0
     assert NOVEL_BELOW <= docs[3].jaccard < DUPLICATE_FROM and docs[3].match == "d0"
@@ -147,7 +145,9 @@ def brute_force_labels(docs: list[BenchDoc]) -> list[tuple[str, float]]:
 def test_shipped_labels_match_a_brute_force_oracle_on_a_prefix(shipped, split):
     prefix = [doc for doc in shipped if doc.split == split][:500]
     expected = brute_force_labels(prefix)
-    assert [(doc.label, doc.jaccard) for doc in prefix] == [(label, pytest.approx(score, abs=1e-4)) for label, score in expected]
+    assert [(doc.label, doc.jaccard) for doc in prefix] == [
+        (label, pytest.approx(score, abs=1e-4)) for label, score in expected
+    ]
     assert Counter(label for label, _ in expected)[DUPLICATE] > 20
 
 

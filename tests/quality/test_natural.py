@@ -91,7 +91,11 @@ def test_build_keeps_repeats_labels_them_and_rebuilds_byte_identically(tmp_path:
     assert (first.label, first.jaccard, first.same_as, first.near) == (CLEARLY_NOVEL, 0.0, None, [])
     position = int(first.id.split("-")[1])
     assert (second.label, second.jaccard, second.match, second.same_as, second.near) == (
-        DUPLICATE, 1.0, first.id, position, [position]
+        DUPLICATE,
+        1.0,
+        first.id,
+        position,
+        [position],
     )
     assert Counter(doc.label for doc in docs) == {CLEARLY_NOVEL: 7, DUPLICATE: 1}
     one, two = tmp_path / "one.jsonl.xz", tmp_path / "two.jsonl.xz"
@@ -106,7 +110,15 @@ def test_build_keeps_repeats_labels_them_and_rebuilds_byte_identically(tmp_path:
 
 def test_token_sets_from_whole_batches_equal_shingles():
     rng = random.Random(7)
-    texts = ["", "a", "abc", "abcd", "日本語です", "the cat sat", *("".join(rng.choices("ab cé", k=rng.randint(0, 12))) for _ in range(200))]
+    texts = [
+        "",
+        "a",
+        "abc",
+        "abcd",
+        "日本語です",
+        "the cat sat",
+        *("".join(rng.choices("ab cé", k=rng.randint(0, 12))) for _ in range(200)),
+    ]
     sets = TokenSets.shingled(texts, 4)
     reference = TokenSets.of([shingles(text, 4) for text in texts])
     # Both rank rarest first; the same sets must show the same size and the same Jaccard between any two.
@@ -152,7 +164,9 @@ def test_labels_equal_a_brute_force_oracle_on_the_first_documents(shipped):
         assert doc.match == (docs[scores.index(best)].id if best >= 0.5 else None)
         same = [earlier for earlier in range(later) if sets[earlier] and sets[earlier] == sets[later]]
         assert near.same_as[later] == (same[0] if same else -1)
-        expected = [earlier for earlier in range(later) if first_of[sets[earlier]] == earlier and scores[earlier] >= 0.8]
+        expected = [
+            earlier for earlier in range(later) if first_of[sets[earlier]] == earlier and scores[earlier] >= 0.8
+        ]
         assert near.near[near.offsets[later] : near.offsets[later + 1]].tolist() == expected
     # The slice holds every label to check.
     assert Counter(doc.label for doc in docs) == {CLEARLY_NOVEL: 1068, DUPLICATE: 67, OTHER: 65}

@@ -31,7 +31,11 @@ def test_fortune_files_are_cut_into_cookies(tmp_path: Path):
 
 
 def test_sources_round_trip(tmp_path: Path):
-    items = [SourceItem("fortunes", "fortunes-zh", "2.98", "usr/share/games/fortunes/tang300", "zh", "床前明月光，疑是地上霜。")]
+    items = [
+        SourceItem(
+            "fortunes", "fortunes-zh", "2.98", "usr/share/games/fortunes/tang300", "zh", "床前明月光，疑是地上霜。"
+        )
+    ]
     path = tmp_path / "sources.jsonl.xz"
     assert write_sources(items, path) == 1
     assert load_sources(path) == items
