@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from streamdedup.index import IndexStorageError, SegmentIndex
-from streamdedup.index.segment import KEY_FILTER_FILE
+from streamdedup.index.cached import KEY_FILTER_FILE
 from streamdedup.index.plan import make_segment_plan
 from streamdedup.index.key_filter import BITS_PER_KEY, MIN_CAPACITY, KeyFilter
 from tests.index.test_segment import ROOT, _brute, _clustered, _flip, _random
@@ -79,7 +79,7 @@ def test_lookups_between_batches_stay_exact_and_use_the_filter(tmp_path: Path) -
             queries = np.concatenate([_flip(stored[rng.integers(0, first + 100, 20)], rng.integers(0, 5, 20), rng), _random(5, 2, rng)])
             assert index.query(queries) == _brute(stored[: first + 100], ids[: first + 100], queries, 3)
             # Built once at the first lookup, then carried along by the index's own batches.
-            assert index._key_filter is not None and index._key_filter.covers == first // 100 + 1
+            assert index._cached.key_filter is not None and index._cached.key_filter.covers == first // 100 + 1
 
 
 def test_a_filter_that_would_pass_every_key_is_dropped_and_lookups_stay_exact(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def test_a_filter_that_would_pass_every_key_is_dropped_and_lookups_stay_exact(tm
         for first in range(0, len(stored), 100):
             index.add(ids[first : first + 100], stored[first : first + 100])
             assert index.query(stored[: first + 100]) == _brute(stored[: first + 100], ids[: first + 100], stored[: first + 100], 6)
-            assert (index._key_filter is not None) == (first + 100 <= 256 * np.log(2))
+            assert (index._cached.key_filter is not None) == (first + 100 <= 256 * np.log(2))
 
 
 def test_an_aborted_batch_leaves_the_filter_trusted_and_exact(tmp_path: Path) -> None:
@@ -101,15 +101,15 @@ def test_an_aborted_batch_leaves_the_filter_trusted_and_exact(tmp_path: Path) ->
     with SegmentIndex(tmp_path, 64, 3, expected_entries=20_000, map_size=limit, max_map_size=limit) as index:
         index.add([f"c{i}" for i in range(100)], fps[:100])
         assert index.query(fps[:1]) == [[("c0", 0)]]
-        built = index._key_filter
+        built = index._cached.key_filter
         # The batch fails inside its transaction, after its keys went into the filter.
         with pytest.raises(IndexStorageError, match="max_map_size"):
             index.add([f"c{i}" for i in range(100, 20_000)], fps[100:])
         assert index.query(fps[[0, 99, 100, 19_999]]) == [[("c0", 0)], [("c99", 0)], [], []]
-        assert index._key_filter is built and built.covers == 1
+        assert index._cached.key_filter is built and built.covers == 1
         index.add(["late"], fps[100:101])
         assert index.query(fps[[0, 100, 101]]) == [[("c0", 0)], [("late", 0)], []]
-        assert index._key_filter is built and built.covers == 2
+        assert index._cached.key_filter is built and built.covers == 2
 
 
 _OTHER_WRITER = """
@@ -148,14 +148,14 @@ def test_a_filter_outgrown_by_its_index_grows_with_it(tmp_path: Path) -> None:
     with SegmentIndex(tmp_path, 256, 256, plan=plan, expected_entries=1000, sync=False) as index:
         index.add(ids[:10], stored[:10])
         index.query(stored[:1])
-        assert index._key_filter is not None
-        first_capacity = index._key_filter.capacity
+        assert index._cached.key_filter is not None
+        first_capacity = index._cached.key_filter.capacity
         for first in range(10, len(stored), 20_000):
             index.add(ids[first : first + 20_000], stored[first : first + 20_000])
         probes = rng.integers(0, len(stored), 50)
         found = index.query(stored[probes])
         assert [hits[0] for hits in found] == [(ids[i], 0) for i in probes]
-        assert index._key_filter.capacity >= len(stored) > first_capacity
+        assert index._cached.key_filter.capacity >= len(stored) > first_capacity
 
 
 def _plan_and_data(n: int, seed: int) -> tuple[object, np.ndarray, list[str]]:
@@ -167,7 +167,7 @@ def _refuse_rebuild(index: SegmentIndex) -> None:
     def rebuild(*args: object) -> None:
         raise AssertionError("the key filter was rebuilt")
 
-    index._fill_key_filter = rebuild  # type: ignore[method-assign]
+    index._cached.fill_key_filter = rebuild  # type: ignore[method-assign]
 
 
 def test_a_closing_writer_saves_its_filter_and_the_next_one_loads_it(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_a_closing_writer_saves_its_filter_and_the_next_one_loads_it(tmp_path: P
     with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
         _refuse_rebuild(index)
         assert index.query(stored[:300]) == _brute(stored[:300], ids[:300], stored[:300], 3)
-        assert index._key_filter is not None and index._key_filter.covers == 2
+        assert index._cached.key_filter is not None and index._cached.key_filter.covers == 2
         index.add(ids[300:], stored[300:])
         assert index.query(stored) == _brute(stored, ids, stored, 3)
     with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
@@ -259,11 +259,11 @@ def test_an_outgrown_filter_doubles_instead_of_reading_every_entry(tmp_path: Pat
     with SegmentIndex(tmp_path, 256, 256, plan=plan, expected_entries=1000, sync=False) as index:
         index.add(ids[:10], stored[:10])
         index.query(stored[:1])
-        first = index._key_filter
+        first = index._cached.key_filter
         assert first is not None
         _refuse_rebuild(index)
         for start in range(10, len(stored), 20_000):
             index.add(ids[start : start + 20_000], stored[start : start + 20_000])
         probes = rng.integers(0, len(stored), 50)
         assert [hits[0] for hits in index.query(stored[probes])] == [(ids[i], 0) for i in probes]
-        assert index._key_filter is not None and index._key_filter.capacity == 2 * first.capacity
+        assert index._cached.key_filter is not None and index._cached.key_filter.capacity == 2 * first.capacity

@@ -24,8 +24,9 @@ from streamdedup.index import (
     make_plan,
     table_keys,
 )
+from streamdedup.index.format import FORMAT_VERSION
 from streamdedup.index.plan import make_segment_plan
-from streamdedup.index.segment import CLOCK_WINDOW, FORMAT_VERSION
+from streamdedup.index.writes import CLOCK_WINDOW
 from tests.index import crash_writer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -708,7 +709,7 @@ def test_an_index_of_entries_sweeps_removed_rows_out_of_each_table_and_answers_e
             # no more than the removals each table counts since its last sweep.
             live_seqs, rows = _entry_rows(index, segments)
             with index._read() as txn:
-                unswept = index._unswept(txn)
+                unswept = index._store.unswept(txn)
             for table in range(segments):
                 assert np.isin(live_seqs, rows[table]).all()
                 assert len(np.setdiff1d(rows[table], live_seqs)) <= unswept[table]
@@ -722,7 +723,7 @@ def test_an_index_of_entries_sweeps_removed_rows_out_of_each_table_and_answers_e
         live_seqs, rows = _entry_rows(index, segments)
         assert len(live_seqs) == len(live) and all(sorted(r.tolist()) == live_seqs.tolist() for r in rows)
         assert index.stats()["unswept_removals"] == 0
-        mirrored = [] if index._mirror is None else [rows for rows in index._mirror.tables if rows is not None]
+        mirrored = [] if index._cached.mirror is None else [rows for rows in index._cached.mirror.tables if rows is not None]
         assert len(mirrored) == (segments if mirror_bytes else 0)
 
 
@@ -833,11 +834,11 @@ def test_the_writers_copy_of_the_merged_tables_answers_as_lmdb_does(tmp_path: Pa
             asked = np.concatenate(batches[: number + 1])
             assert mirrored.query(asked) == plain.query(asked)
             assert mirrored.search(asked).entries.tolist() == plain.search(asked).entries.tolist()
-            mirrored_tables.append(sum(rows is not None for rows in mirrored._mirror.tables))
-        assert plain._mirror is None
-        held = [rows for rows in mirrored._mirror.tables if rows is not None]
+            mirrored_tables.append(sum(rows is not None for rows in mirrored._cached.mirror.tables))
+        assert plain._cached.mirror is None
+        held = [rows for rows in mirrored._cached.mirror.tables if rows is not None]
         usage = mirrored.usage()
-        records = len(mirrored._mirror.records)
+        records = len(mirrored._cached.mirror.records)
         assert records > 0
         assert (usage["mirrored_tables"], usage["mirror_bytes"]) == (len(held), 16 * sum(map(len, held)) + 640 * records)
         assert (plain.usage()["mirrored_tables"], plain.usage()["mirror_bytes"]) == (0, 0)
@@ -869,7 +870,7 @@ def test_the_writers_copy_is_not_used_after_another_process_writes_or_a_batch_fa
     with SegmentIndex(tmp_path, bits, bits, plan=make_segment_plan(bits, segments)) as index:
         for number in range(segments):
             index.add([f"own-{number}-{i}" for i in range(20)], _random(20, bits // 64, rng))
-        assert all(rows is not None for rows in index._mirror.tables)
+        assert all(rows is not None for rows in index._cached.mirror.tables)
         # Another process adds a batch per table: every table merges the first one's rows, which the copy lacks.
         others = np.stack([_random(10, bits // 64, rng) for _ in range(segments)])
         np.save(tmp_path.parent / "others.npy", others)
@@ -886,14 +887,14 @@ def test_the_writers_copy_is_not_used_after_another_process_writes_or_a_batch_fa
         def unstage_fails(*_: object) -> None:
             raise RuntimeError("the batch fails after its rows were merged")
 
-        monkeypatch.setattr(index, "_unstage", unstage_fails)
+        monkeypatch.setattr(index._writes.staging, "unstage", unstage_fails)
         with pytest.raises(RuntimeError, match="after its rows were merged"):
             index.add([f"failed-{i}" for i in range(10)], failed)
         monkeypatch.undo()
         index.add([f"next-{i}" for i in range(10)], next_batch)
         assert index.query(failed) == [[]] * 10
         assert index.query(next_batch) == [[(f"next-{i}", 0)] for i in range(10)]
-        assert sum(rows is not None for rows in index._mirror.tables) >= 1
+        assert sum(rows is not None for rows in index._cached.mirror.tables) >= 1
 
 
 def _hot_stream(rng: np.random.Generator, n: int, segments: int, size: int) -> np.ndarray:

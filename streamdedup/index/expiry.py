@@ -1,0 +1,270 @@
+"""Removal and what drives it: expiry by event time, ``max_entries`` eviction, sweeps of an entry-valued index's
+tables, and ``rollback``, which undoes the newest batches whole from their undo records (``undo.py``).
+
+Removal deletes a fold-valued table's rows that no surviving entry shares. An entry-valued table keeps a removed
+entry's rows until its sweep (see the ``segment`` docstring): a lookup drops candidates whose entry is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import compress
+from typing import Any
+
+import numpy as np
+
+from .cached import Cached
+from .keys import table_rows
+from .lookup import Lookup
+from .sorted_rows import SortedRows
+from .staging import Staging
+from .store import (
+    META_CLOCK,
+    META_CLOCK_WINDOW,
+    META_COUNT,
+    NO_TOPIC,
+    U64,
+    Store,
+    keys_of_ids,
+    orderable_time,
+    origin_keys,
+    seq_bytes,
+)
+from .table import rows_in
+from .undo import Undo, UndoRecord, UndoRecords
+
+__all__ = ["Expiry"]
+
+
+class Expiry:
+    """Removal of entries from one store, and the undoing of batches."""
+
+    def __init__(self, store: Store, cached: Cached, lookup: Lookup, staging: Staging, undo: UndoRecords) -> None:
+        self.store = store
+        self.fmt = store.fmt
+        self.cached = cached
+        self.lookup = lookup
+        self.staging = staging
+        self.undo = undo
+
+    def expire(self, txn: Any, cutoff: float, undo: Undo | None) -> int:
+        # Whole buckets go; an entry at most one bucket younger than the cutoff waits for its bucket
+        # (queries pass min_time to hide it meanwhile).
+        return self.remove(txn, self.pop_oldest(txn, None, float(np.floor(cutoff / self.fmt.time_bucket)), undo), undo)
+
+    def pop_oldest(self, txn: Any, limit: int | None, before_bucket: float | None, undo: Undo | None) -> np.ndarray:
+        """Take entry keys from the oldest time buckets (insertion order within a bucket): the first
+        ``limit``, or all in buckets before ``before_bucket``. Consumed rows are deleted or trimmed."""
+        end = None if before_bucket is None else seq_bytes(orderable_time(np.array([before_bucket])))[0]
+        chunks: list[np.ndarray] = []
+        taken = 0
+        with txn.cursor(self.store.times) as cursor:
+            moved = cursor.first()
+            while moved and (limit is None or taken < limit):
+                key = cursor.key()
+                if end is not None and key[:8] >= end:
+                    break
+                if undo is not None:
+                    undo.times.setdefault(key, cursor.value())
+                spans = np.frombuffer(cursor.value(), dtype=U64).astype(np.uint64).reshape(-1, 2)
+                members = np.concatenate([np.arange(a, b, dtype=np.uint64) for a, b in spans.tolist()])
+                if limit is not None and taken + len(members) > limit:
+                    keep = members[limit - taken :]
+                    members = members[: limit - taken]
+                    breaks = np.flatnonzero(np.diff(keep) != 1) + 1
+                    rest = np.stack([keep[np.concatenate([[0], breaks])], keep[np.concatenate([breaks - 1, [len(keep) - 1]])] + np.uint64(1)], axis=1)
+                    cursor.put(key, rest.astype(U64).tobytes())
+                    moved = False
+                else:
+                    # delete() steps to the successor; past the last row the cursor holds no key.
+                    cursor.delete()
+                    moved = bool(cursor.key())
+                chunks.append(members)
+                taken += len(members)
+        return np.concatenate(chunks) if chunks else np.zeros(0, np.uint64)
+
+    def remove(self, txn: Any, seqs: np.ndarray, undo: Undo | None) -> int:
+        if not len(seqs):
+            return 0
+        entries, head, ids = self.lookup.fetch(txn, seqs)
+        n = len(entries)
+        if not n:
+            return 0
+        seq_keys = seq_bytes(entries)
+        self.cached.entries_removed(txn, seq_keys)
+        id_bytes = [x.encode() for x in ids]
+        id_keys = keys_of_ids(id_bytes)
+        if undo is not None:
+            undo.removed_seqs.append(entries)
+            undo.removed_heads.append(head)
+            undo.removed_ids.extend(id_bytes)
+        for i in range(n):
+            txn.delete(seq_keys[i], db=self.store.entries)
+            txn.delete(id_keys[i], db=self.store.ids)
+        for key in origin_keys(head[head["topic"] != NO_TOPIC]):
+            txn.delete(key, db=self.store.origins)
+        if self.fmt.entry_valued:
+            # Each entry has rows of its own, and they stay, staged or merged, until their table is swept: a
+            # lookup reads every candidate's record and drops those of removed entries. Deleting them here
+            # dirtied a random page of every table per entry, which each commit wrote out again.
+            self.store.put_unswept(txn, self.store.unswept(txn) + np.uint64(n))
+        else:
+            self._remove_fold_rows(txn, seq_keys, head, undo)
+        self.store.put_counter(txn, META_COUNT, self.store.counter(txn, META_COUNT) - n)
+        return n
+
+    def _remove_fold_rows(self, txn: Any, seq_keys: list[bytes], head: np.ndarray, undo: Undo | None) -> None:
+        """Delete removed entries' folds (entry keys and records given), and the table rows of folds no surviving
+        entry shares."""
+        n = len(head)
+        keys, values, folds = table_rows(self.fmt.plan, head["fp"].reshape(n, self.fmt.words).astype(np.uint64))
+        fold_keys = seq_bytes(folds)
+        for i in range(n):
+            txn.delete(fold_keys[i], seq_keys[i], db=self.store.folds)
+        with txn.cursor(self.store.folds) as cursor:
+            survivors = cursor.getmulti(seq_bytes(np.unique(folds)), dupdata=True, dupfixed_bytes=8, keyfixed=True)
+        survivor_rows = np.frombuffer(survivors, dtype=np.uint8).reshape(-1, 16)
+        survivor_seqs = survivor_rows[:, 8:].copy().view(U64).astype(np.uint64).ravel()
+        if len(survivor_seqs):
+            survivor_keys, survivor_values, _ = table_rows(self.fmt.plan, self.lookup.records(txn, survivor_seqs).fingerprints)
+        for table, stored_table in enumerate(self.store.tables):
+            doomed_keys, doomed_values = keys[table], values[table]
+            if len(survivor_seqs):
+                doomed = ~rows_in(doomed_keys, doomed_values, survivor_keys[table], survivor_values[table])
+                doomed_keys, doomed_values = doomed_keys[doomed], doomed_values[doomed]
+            if undo is not None:
+                undo.table_rows.append((table, *self.staging.rows_present(txn, table, doomed_keys, doomed_values)))
+            stored_table.delete(txn, doomed_keys, doomed_values)
+            self.staging.drop(txn, table, doomed_keys, doomed_values)
+
+    def sweep_due(self, txn: Any, table: int) -> bool:
+        """Whether a table may hold as many rows of removed entries as of live ones, times 1 to 2 (staggered over
+        the tables, so that their sweeps fall on different batches): a sweep then reads at most three rows and
+        writes at most one per removal."""
+        unswept = int(self.store.unswept(txn)[table])
+        return unswept * len(self.store.tables) >= max(self.store.counter(txn, META_COUNT), 1) * (len(self.store.tables) + table)
+
+    def sweep(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Rewrite an entry-valued table with its stored rows and these (its staged rows and a batch's, keys
+        ascending within each), leaving out the rows of removed entries. The stored rows come from the table's
+        copy in memory when there is one (reading them from LMDB costs ~0.75 us a row)."""
+        stored_table = self.store.tables[table]
+        mirror = self.cached.table_mirror(txn)
+        mirrored = mirror.tables[table] if mirror is not None else None
+        stored_keys, stored_values = (mirrored.keys, mirrored.values) if mirrored is not None else stored_table.rows(txn)
+        keys, values = np.concatenate([stored_keys, keys]), np.concatenate([stored_values, values])
+        with txn.cursor(self.store.entries) as cursor:
+            live = np.frombuffer(b"".join(cursor.iternext(keys=True, values=False)), dtype=U64).astype(np.uint64)
+        # Rows of entries a rollback may restore stay, so that a restored entry is found as before.
+        live = np.union1d(live, self.undo.restorable_seqs(txn))
+        alive = np.isin(values, live, assume_unique=True)
+        keys, values = keys[alive], values[alive]
+        # Within a key, rows come in entry order (a table takes its rows batch after batch), which is the value
+        # order LMDB keeps; a stable sort of already sorted runs only merges them.
+        order = np.argsort(keys, kind="stable")
+        stored_table.replace(txn, keys[order], values[order])
+        self.cached.mirror_replaced(txn, table, SortedRows(keys[order], values[order], stored_table.key_bits))
+        unswept = self.store.unswept(txn)
+        unswept[table] = 0
+        self.store.put_unswept(txn, unswept)
+
+    def rollback(self, txn: Any, offsets: Mapping[tuple[str, int], int]) -> int:
+        """See ``SegmentIndex.rollback``."""
+        topic_ids = self.store.topic_ids(txn, (topic for topic, _ in offsets))
+        targets = {(topic_ids[topic], int(partition)): int(offset) for (topic, partition), offset in offsets.items()}
+        removed = 0
+        for key, raw in self.undo.newest_first(txn):
+            record = UndoRecord.unpack(raw, self.fmt.record)
+            added = self._seqs_from(txn, record.first_seq)
+            if not self._rolled_back(txn, added, record, targets):
+                break
+            removed += self._undo_batch(txn, key, record, added)
+        left = self._doomed(txn, targets)
+        if len(left):
+            removed += self.remove(txn, left, None)
+            self.undo.forget(txn)
+        self.store.put_source_offsets(txn, offsets)
+        return removed
+
+
+    def _doomed(self, txn: Any, targets: Mapping[tuple[int, int], int]) -> np.ndarray:
+        """Entry keys of the entries whose origin is at or past its partition's target offset."""
+        doomed = []
+        with txn.cursor(self.store.origins) as cursor:
+            for (topic_id, partition), offset in targets.items():
+                prefix = topic_id.to_bytes(4, "big") + partition.to_bytes(4, "big")
+                moved = cursor.set_range(prefix + offset.to_bytes(8, "big"))
+                while moved and cursor.key()[:8] == prefix:
+                    doomed.append(cursor.value())
+                    moved = cursor.next()
+        return np.frombuffer(b"".join(doomed), dtype=U64).astype(np.uint64)
+
+    def _seqs_from(self, txn: Any, first_seq: int) -> np.ndarray:
+        """Entry keys of the stored entries from ``first_seq`` on."""
+        with txn.cursor(self.store.entries) as cursor:
+            if not cursor.set_range(seq_bytes(np.array([first_seq]))[0]):
+                return np.zeros(0, np.uint64)
+            keys = b"".join(cursor.iternext(keys=True, values=False))
+        return np.frombuffer(keys, dtype=U64).astype(np.uint64)
+
+    def _rolled_back(
+        self, txn: Any, added: np.ndarray, record: UndoRecord, targets: Mapping[tuple[int, int], int]
+    ) -> bool:
+        """Whether every entry the newest batch left to undo stored (``added``, those still stored, and those it
+        removed itself) comes from a rolled-back offset."""
+        _, heads, _ = self.lookup.fetch(txn, added)
+        heads = np.concatenate([heads, record.heads[record.seqs >= np.uint64(record.first_seq)]])
+        if not len(heads):
+            return False
+        for topic, partition, offset in zip(heads["topic"].tolist(), heads["partition"].tolist(), heads["offset"].tolist()):
+            target = targets.get((topic, partition)) if topic != NO_TOPIC else None
+            if target is None or offset < target:
+                return False
+        return True
+
+    def _undo_batch(self, txn: Any, key: bytes, record: UndoRecord, added: np.ndarray) -> int:
+        """Remove a batch's entries and put back what it changed; returns how many of its entries were stored."""
+        removed = self.remove(txn, added, None)
+        older = record.seqs < np.uint64(record.first_seq)
+        self._restore(txn, record.seqs[older], record.heads[older], [i for i, old in zip(record.ids, older.tolist()) if old])
+        tables, row_keys, row_values = record.rows
+        for table in np.unique(tables).tolist():
+            mine = tables == table
+            keys, values = row_keys[mine], row_values[mine]
+            present_keys, present_values = self.staging.rows_present(txn, table, keys, values)
+            wanted = ~rows_in(keys, values, present_keys, present_values)
+            if wanted.any():
+                pairs = np.unique(np.stack([keys[wanted], values[wanted]], axis=1), axis=0)
+                self.store.tables[table].insert(txn, pairs[:, 0].copy(), pairs[:, 1].copy())
+        for time_key, value in record.times:
+            if value is None:
+                txn.delete(time_key, db=self.store.times)
+            else:
+                txn.put(time_key, value, db=self.store.times)
+        for meta_key, value in ((META_CLOCK, record.clock), (META_CLOCK_WINDOW, record.window)):
+            if value is None:
+                txn.delete(meta_key, db=self.store.meta)
+            else:
+                txn.put(meta_key, value, db=self.store.meta)
+        self.store.put_counter(txn, META_COUNT, record.count)
+        txn.delete(key, db=self.store.undo)
+        return removed
+
+    def _restore(self, txn: Any, seqs: np.ndarray, heads: np.ndarray, id_bytes: list[bytes]) -> None:
+        """Put back removed entries as they were (their records, ids, origins and folds), and their keys in the
+        key filter. An entry-valued table still holds their rows (sweeps keep them while they can be restored)."""
+        if not len(seqs):
+            return
+        seq_keys = seq_bytes(seqs)
+        with txn.cursor(self.store.entries) as cursor:
+            cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads.view(f"V{self.fmt.record.itemsize}").tolist(), id_bytes)))
+        with txn.cursor(self.store.ids) as cursor:
+            cursor.putmulti(zip(keys_of_ids(id_bytes), seq_keys))
+        with_origin = heads["topic"] != NO_TOPIC
+        with txn.cursor(self.store.origins) as cursor:
+            cursor.putmulti(zip(origin_keys(heads[with_origin]), compress(seq_keys, with_origin.tolist())))
+        keys, _, folds = table_rows(self.fmt.plan, heads["fp"].reshape(len(heads), self.fmt.words).astype(np.uint64))
+        if not self.fmt.entry_valued:
+            with txn.cursor(self.store.folds) as cursor:
+                cursor.putmulti(zip(seq_bytes(folds), seq_keys))
+        self.cached.keys_added(txn, keys)

@@ -1,0 +1,180 @@
+"""The index's format: the version and layout recorded in its ``meta`` database when it is created, and whether a
+caller's settings are compatible with an index that exists.
+
+Format 1 had no staged rows; format 2 stored folds in every plan's tables; formats 1-3 kept every table as dupsort
+rows; format 4 had no undo records. All read as format 5 (with none staged, with fold values, with the rows layout,
+with nothing to undo) and are marked 5 when opened to write: older code must not misread new indexes, nor write
+batches that the undo records would then not account for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..settings import IndexSettings
+from .plan import IndexPlan, PlanError, make_plan, make_segment_plan
+from .table import TableLayout
+
+__all__ = ["ENTRY_VALUES", "FOLD_VALUES", "FORMAT_VERSION", "IndexFormat", "planned"]
+
+FORMAT_VERSION = 5
+_READABLE_FORMATS = (1, 2, 3, 4, 5)
+_META_FORMAT = b"format"
+FOLD_VALUES, ENTRY_VALUES = "folds", "entries"
+
+
+@dataclass(frozen=True)
+class IndexFormat:
+    """What an index's stored rows mean: its plan, payload width, time bucket, signing, and table layout."""
+
+    plan: IndexPlan
+    payload_bytes: int
+    time_bucket: float
+    signing: str | None
+    entry_valued: bool
+    """The tables' values name entries (else folds: the rest of the 64-bit fold, see the ``segment`` docstring)."""
+    table_layout: TableLayout
+
+    @classmethod
+    def opened(
+        cls,
+        env: Any,
+        read: Callable[[], Any],
+        meta: Any,
+        path: Path,
+        *,
+        readonly: bool,
+        bits: int | None,
+        radius: int | None,
+        expected_entries: int,
+        payload_bytes: int | None,
+        plan: IndexPlan | None,
+        max_tables: int,
+        time_bucket: float,
+        signing: str | None,
+    ) -> IndexFormat:
+        """The format stored at ``meta`` (recorded from these arguments in a new index), checked against them;
+        ``read`` begins a read transaction of ``env``."""
+        with read() as txn:
+            stored = txn.get(_META_FORMAT, db=meta) if meta is not None else None
+        if stored is None:
+            if readonly:
+                raise PlanError(f"{path} holds no segment index")
+            if bits is None or radius is None:
+                raise PlanError("bits and radius are required to create an index")
+            if plan is None:
+                plan = make_plan(bits, radius, expected_entries, max_tables=max_tables)
+            entry_valued = _entries_in_tables(plan)
+            fmt = {
+                "version": FORMAT_VERSION,
+                "plan": json.loads(plan.to_json()),
+                "payload_bytes": int(payload_bytes or 0),
+                "time_bucket": float(time_bucket),
+                "table_values": ENTRY_VALUES if entry_valued else FOLD_VALUES,
+                # Entry-valued keys hold about one row each, which dupsort stores as a plain node.
+                "table_layout": "rows" if entry_valued else "buckets",
+                "signing": signing,
+            }
+            with env.begin(write=True) as txn:
+                txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=meta)
+        else:
+            fmt = json.loads(stored)
+            if fmt["version"] not in _READABLE_FORMATS:
+                raise PlanError(f"{path}: index format {fmt['version']}, this code reads {_READABLE_FORMATS}")
+            if fmt["version"] != FORMAT_VERSION and not readonly:
+                # Older code must not write to it (format 1 code misses staged rows): mark it as this format.
+                fmt["version"] = FORMAT_VERSION
+                with env.begin(write=True) as txn:
+                    txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=meta)
+        opened = cls(
+            IndexPlan.from_json(json.dumps(fmt["plan"])),
+            int(fmt["payload_bytes"]),
+            float(fmt["time_bucket"]),
+            fmt.get("signing"),
+            fmt.get("table_values", FOLD_VALUES) == ENTRY_VALUES,
+            fmt.get("table_layout", "rows"),
+        )
+        opened.check_compatible(path, bits, radius, payload_bytes, plan, signing)
+        return opened
+
+    def check_compatible(
+        self, path: Path, bits: int | None, radius: int | None, payload_bytes: int | None, plan: IndexPlan | None,
+        signing: str | None,
+    ) -> None:
+        stored = self.plan
+        problems = []
+        if signing is not None and signing != self.signing:
+            # Fingerprints made another way rarely come within the radius of the stored ones: lookups would miss
+            # their copies, silently.
+            problems.append(f"signing {signing} (stored: {self.signing or 'none recorded, an older index'})")
+        if bits is not None and bits != stored.bits:
+            problems.append(f"bits {bits} (stored {stored.bits})")
+        if radius is not None and radius != stored.radius:
+            problems.append(f"radius {radius} (stored {stored.radius})")
+        if payload_bytes is not None and payload_bytes != self.payload_bytes:
+            problems.append(f"payload_bytes {payload_bytes} (stored {self.payload_bytes})")
+        if plan is not None and not plan.same_lookup(stored):
+            problems.append("a different table plan")
+        if not problems:
+            return
+        if signing is not None and signing != self.signing:
+            advice = (
+                "its fingerprints and sketches were made another way (older code or other settings) and cannot be "
+                "compared with new ones; move it aside or point index.path at a new folder, which fills as documents "
+                "arrive (the entries it held would have expired within index.max_age_seconds)"
+            )
+        else:
+            advice = "open it with the stored settings, or export/import it into a new index"
+        raise PlanError(f"index at {path} is incompatible with the requested {', '.join(problems)}; {advice}")
+
+    @property
+    def words(self) -> int:
+        return self.plan.bits // 64
+
+    @property
+    def table_values(self) -> str:
+        return ENTRY_VALUES if self.entry_valued else FOLD_VALUES
+
+    @cached_property
+    def record(self) -> np.dtype:
+        """An entry's record ahead of its id: fingerprint, event time, origin, payload."""
+        return np.dtype(
+            [
+                ("fp", "<u8", (self.words,)),
+                ("time", "<f8"),
+                ("topic", "<u4"),
+                ("partition", "<i4"),
+                ("offset", "<i8"),
+                ("payload", "u1", (self.payload_bytes,)),
+            ]
+        )
+
+    @cached_property
+    def key_bytes(self) -> list[int]:
+        return [math.ceil(len(key) / 8) for key in self.plan.tables]
+
+    @cached_property
+    def value_bytes(self) -> list[int]:
+        return [math.ceil(len(self.plan.value_bits(t)) / 8) for t in range(len(self.plan.tables))]
+
+
+def _entries_in_tables(plan: IndexPlan) -> bool:
+    """Whether a new index under ``plan`` stores entry keys in its tables. A fold is kept as the value only where
+    it can reject candidates before their records are read: on 64-bit fingerprints, or under a radius."""
+    return plan.bits > 64 and plan.radius >= plan.bits
+
+
+def planned(settings: IndexSettings, *, bits: int, segments: int = 1) -> IndexPlan:
+    """The table plan a new index under ``settings`` gets (``segments`` > 1: one table per segment)."""
+    if segments > 1:
+        return make_segment_plan(bits, segments, settings.radius, expected_entries=settings.expected_entries)
+    radius = bits if settings.radius is None else settings.radius
+    return make_plan(bits, radius, settings.expected_entries, max_tables=settings.max_tables)

@@ -1,0 +1,322 @@
+"""Lookup: the stored entries within the radius of a batch of fingerprints, found through the tables' rows
+(merged, staged, or mirrored in memory), and the entries' records."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import compress, repeat
+from operator import is_not, itemgetter
+from typing import Any
+
+import numpy as np
+
+from .cached import Cached
+from .keys import TableKeys, most_shared, packed, table_keys
+from .packed_ids import PackedIds
+from .plan import scatter_bits
+from .sorted_rows import expand_ranges
+from .store import NO_TOPIC, U64, Store, seq_bytes
+
+__all__ = ["EntryRecords", "Lookup", "SearchResult", "reordered"]
+
+_ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Flat matches, sorted by (row, distance, insertion order): query row, entry key, Hamming distance."""
+
+    rows: np.ndarray
+    entries: np.ndarray
+    distances: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(frozen=True)
+class EntryRecords:
+    """Stored entries in bulk, in the order asked for (entry keys that no longer exist are skipped).
+    ``origin_rows`` holds each entry's (topic id, partition, offset), named by ``topic_names``."""
+
+    entries: np.ndarray
+    ids: PackedIds
+    fingerprints: np.ndarray
+    times: np.ndarray
+    payloads: np.ndarray
+    origin_rows: np.ndarray
+    topic_names: Mapping[int, str]
+
+    @cached_property
+    def origins(self) -> list[tuple[str, int, int] | None]:
+        """Each entry's (topic, partition, offset), None for entries stored without one. Built on first use:
+        lookups read thousands of records and need none of them."""
+        rows = self.origin_rows
+        return [
+            None if t == NO_TOPIC else (self.topic_names[t], p, o)
+            for t, p, o in zip(rows["topic"].tolist(), rows["partition"].tolist(), rows["offset"].tolist())
+        ]
+
+
+    def origin(self, row: int) -> tuple[str, int, int] | None:
+        """One entry's (topic, partition, offset), None when stored without one."""
+        topic, partition, offset = self.origin_rows[row].tolist()
+        return None if topic == NO_TOPIC else (self.topic_names[topic], partition, offset)
+
+
+class Lookup:
+    """Search and records over one open store, through its copies in memory."""
+
+    def __init__(self, store: Store, cached: Cached) -> None:
+        self.store = store
+        self.cached = cached
+        self.fmt = store.fmt
+
+    def checked(self, fps: np.ndarray) -> np.ndarray:
+        fps = np.asarray(fps)
+        if fps.ndim == 1 and self.fmt.words == 1:
+            fps = fps.reshape(-1, 1)
+        if fps.ndim != 2 or fps.shape[1] != self.fmt.words:
+            raise ValueError(f"fingerprints must have shape (n, {self.fmt.words}) for {self.fmt.plan.bits}-bit index, got {fps.shape}")
+        if fps.dtype != np.uint64:
+            raise ValueError(f"fingerprints must be uint64, got {fps.dtype}")
+        return np.ascontiguousarray(fps)
+
+    def table_keys(self, fps: np.ndarray, keys: TableKeys | None) -> TableKeys:
+        """``keys`` when given (computed elsewhere for these ``fps``, e.g. by a signing worker), checked
+        against the stored plan; else computed here."""
+        if keys is None:
+            return table_keys(self.fmt.plan, fps)
+        if not keys.plan.same_lookup(self.fmt.plan):
+            raise ValueError("table keys of another plan than this index's")
+        if len(keys) != len(fps):
+            raise ValueError(f"table keys for {len(keys)} rows do not fit {len(fps)} fingerprints")
+        return keys
+
+    def search(
+        self,
+        txn: Any,
+        fps: np.ndarray,
+        min_time: float | None,
+        keys: TableKeys | None = None,
+        max_candidates: int | None = None,
+    ) -> tuple[SearchResult, EntryRecords | None]:
+        n = len(fps)
+        empty = SearchResult(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
+        if n == 0:
+            return empty, None
+        radius = self.fmt.plan.radius
+        batch_keys = self.table_keys(fps, keys)
+        tables = len(self.store.tables)
+        probes = batch_keys.runs & (batch_keys.keys != 0) if batch_keys.unkeyed_zero else batch_keys.runs
+        # Every table's probes as flat (table, position) indices, table after table: the work around the reads
+        # runs once over all tables, where a loop per table pays numpy's call overhead 32 times.
+        flat = np.flatnonzero(probes.ravel())
+        key_filter = self.cached.trusted_key_filter(txn)
+        if key_filter is not None and len(flat):
+            flat = flat[key_filter.may_contain(flat // n, batch_keys.keys.ravel()[flat])]
+        probed = batch_keys.keys.ravel()[flat]
+        table_bounds = np.searchsorted(flat, np.arange(tables + 1) * n).tolist()
+        staged = self.cached.staged(txn)
+        mirror = self.cached.table_mirror(txn)
+        found_probes, found_values = [], []
+        for table, stored_table in enumerate(self.store.tables):
+            low, high = table_bounds[table], table_bounds[table + 1]
+            if low == high:
+                continue
+            table_probed = probed[low:high]
+            mirrored = mirror.tables[table] if mirror is not None else None
+            owners, stored = mirrored.read(table_probed) if mirrored is not None else stored_table.read(txn, table_probed)
+            if len(owners):
+                found_probes.append(low + owners)
+                found_values.append(stored)
+            if len(staged[table]):
+                staged_probe, staged_values = staged[table].read(table_probed)
+                if len(staged_probe):
+                    found_probes.append(low + staged_probe)
+                    found_values.append(staged_values)
+        # Nothing found (probes can pass the key filter on a removed row's bit, or miss the staged rows).
+        if not found_probes:
+            return empty, None
+        probe_of, stored = np.concatenate(found_probes), np.concatenate(found_values)
+        found_at = flat[probe_of]
+        # Each stored row pairs with every batch row of its key's run (usually one): rows of a key that several
+        # batch rows share pair again with each further one (more_at), through their row (source).
+        run_ends = (batch_keys.run_ends() + np.arange(tables)[:, None] * n).ravel()
+        shared = np.flatnonzero((run_ends[flat] - flat > 1)[probe_of])
+        more_at, source = expand_ranges(found_at[shared] + 1, run_ends[found_at[shared]])
+        source = shared[source]
+        if self.fmt.entry_valued:
+            # The rows name their entries, and no radius cuts: every candidate goes on to its record.
+            near_at, named = np.concatenate([found_at, more_at]), np.concatenate([stored, stored[source]])
+        else:
+            # Candidates outside the radius go before anything else is built for them (or copied).
+            values = batch_keys.values.ravel()
+            near = np.flatnonzero(np.bitwise_count(stored ^ values[found_at]) <= radius)
+            near_more = np.flatnonzero(np.bitwise_count(stored[source] ^ values[more_at]) <= radius)
+            near_at = np.concatenate([found_at[near], more_at[near_more]])
+            if not len(near_at):
+                return empty, None
+            rows = np.concatenate([near, source[near_more]])
+            named = self._folds_from_found(near_at // n, probed[probe_of[rows]], stored[rows])
+        qi = batch_keys.rows.ravel()[near_at]
+        qi, named, shared = _distinct_pairs(qi, named)
+        if max_candidates is not None and self.fmt.entry_valued:
+            best = most_shared(qi, named, shared, max_candidates)
+            best = best[batch_keys.well_shared(qi[best], shared[best])]
+            qi, named = qi[best], named[best]
+        if self.fmt.entry_valued:
+            rows_q, seqs = qi, named
+        else:
+            unique_folds, inverse = np.unique(named, return_inverse=True)
+            with txn.cursor(self.store.folds) as cursor:
+                raw = cursor.getmulti(seq_bytes(unique_folds), dupdata=True, dupfixed_bytes=8, keyfixed=True)
+            rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 16)
+            pair, ri = _group_expand(unique_folds, inverse, rows[:, :8].copy().view(U64).ravel().astype(np.uint64))
+            rows_q = qi[pair]
+            seqs = rows[ri, 8:].copy().view(U64).ravel().astype(np.uint64)
+        records = None
+        if self.fmt.words == 1:
+            distances = np.bitwise_count(named[pair] ^ fps[rows_q, 0]).astype(np.int64)
+        if self.fmt.words > 1 or min_time is not None:
+            records = self.records(txn, np.unique(seqs))
+            slot = np.searchsorted(records.entries, seqs)
+            present = slot < len(records.entries)
+            present[present] = records.entries[slot[present]] == seqs[present]
+            rows_q, seqs, slot = rows_q[present], seqs[present], slot[present]
+            if self.fmt.words == 1:
+                distances = distances[present]
+            else:
+                distances = np.bitwise_count(records.fingerprints[slot] ^ fps[rows_q]).sum(axis=1).astype(np.int64)
+            keep = distances <= radius
+            if min_time is not None:
+                keep &= records.times[slot] >= min_time
+            rows_q, seqs, distances = rows_q[keep], seqs[keep], distances[keep]
+        word = packed([rows_q, distances, seqs]) if len(rows_q) else None
+        order = np.lexsort((seqs, distances, rows_q)) if word is None else np.argsort(word[0])
+        return SearchResult(rows_q[order], seqs[order], distances[order]), records
+
+    def _folds_from_found(self, table_of: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """``_folds_from_rows`` of rows from several tables (``table_of`` each)."""
+        if self.fmt.words > 1:
+            return values
+        folds = np.empty(len(values), dtype=np.uint64)
+        order = np.argsort(table_of, kind="stable")
+        bounds = np.searchsorted(table_of[order], np.arange(len(self.store.tables) + 1)).tolist()
+        for table in range(len(self.store.tables)):
+            rows = order[bounds[table] : bounds[table + 1]]
+            if len(rows):
+                folds[rows] = self._folds_from_rows(table, keys[rows], values[rows])
+        return folds
+
+    def _folds_from_rows(self, table: int, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Rebuild the 64-bit folds of table rows (the inverse of the key/value split)."""
+        if self.fmt.words > 1:
+            return values
+        return scatter_bits(keys, self.fmt.plan.tables[table]) | scatter_bits(values, self.fmt.plan.value_bits(table))
+
+    def fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
+        """Raw records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
+        seqs = np.unique(np.asarray(seqs, dtype=np.uint64))
+        mirror = self.cached.read_mirror(txn)
+        with txn.cursor(self.store.entries) as cursor:
+            if mirror is None:
+                found = cursor.getmulti(seq_bytes(seqs))
+                values = list(map(itemgetter(1), found))
+            else:
+                held = mirror.records.read(seq_bytes(seqs), cursor.getmulti)
+                present = np.fromiter(map(is_not, held, repeat(None)), dtype=bool, count=len(held))
+                values = held if present.all() else list(compress(held, present))
+        size = self.fmt.record.itemsize
+        # Every key found (the usual case): the entries are the keys asked for.
+        if len(values) == len(seqs):
+            entries = seqs
+        elif mirror is None:
+            entries = np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=U64).astype(np.uint64)
+        else:
+            entries = seqs[present]
+        # Heads and ids each joined in one pass of C (map with itemgetter), not sliced record by record; ids
+        # stay bytes until read.
+        head = np.frombuffer(b"".join(map(itemgetter(slice(None, size)), values)), dtype=self.fmt.record)
+        id_lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values)) - size
+        stops = np.cumsum(id_lengths)
+        return entries, head, PackedIds(b"".join(map(itemgetter(slice(size, None)), values)), stops - id_lengths, stops)
+
+    def records(self, txn: Any, seqs: np.ndarray) -> EntryRecords:
+        """Records of the given entry keys, sorted by key (missing keys skipped)."""
+        entries, head, ids = self.fetch(txn, seqs)
+        topics = self.store.topic_names(txn) if len(head) and (head["topic"] != NO_TOPIC).any() else {}
+        origin_rows = np.empty(len(head), dtype=_ORIGIN)
+        for name in ("topic", "partition", "offset"):
+            origin_rows[name] = head[name]
+        return EntryRecords(
+            entries,
+            ids,
+            head["fp"].reshape(len(head), self.fmt.words).astype(np.uint64),
+            head["time"].astype(np.float64),
+            head["payload"].reshape(len(head), self.fmt.payload_bytes).copy(),
+            origin_rows,
+            topics,
+        )
+
+    def grouped(self, n: int, result: SearchResult, records: EntryRecords) -> list[list[tuple[str, int]]]:
+        slot = np.searchsorted(records.entries, result.entries)
+        out: list[list[tuple[str, int]]] = [[] for _ in range(n)]
+        for row, s, distance in zip(result.rows.tolist(), slot.tolist(), result.distances.tolist()):
+            out[row].append((records.ids[s], distance))
+        return out
+
+
+def _group_expand(unique_keys: np.ndarray, inverse: np.ndarray, found_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Join queries to found rows sharing their key, without Python loops.
+
+    ``unique_keys`` are the sorted distinct query keys, ``inverse`` maps each query to its key, and
+    ``found_keys`` are the keys of the rows getmulti returned: grouped by key, in ``unique_keys`` order.
+    Returns (query index, found row index) for every query x row pair with the same key.
+    """
+    if not len(found_keys):
+        return np.zeros(0, np.intp), np.zeros(0, np.intp)
+    group_starts = np.flatnonzero(np.concatenate([[True], found_keys[1:] != found_keys[:-1]]))
+    sizes = np.diff(np.append(group_starts, len(found_keys)))
+    slot = np.searchsorted(unique_keys, found_keys[group_starts])
+    if len(unique_keys) == len(inverse):
+        # Every query has a key of its own (the usual case): each found row belongs to one query.
+        query_of_key = np.empty(len(inverse), dtype=np.intp)
+        query_of_key[inverse] = np.arange(len(inverse))
+        return query_of_key[np.repeat(slot, sizes)], np.arange(len(found_keys))
+    counts = np.zeros(len(unique_keys), dtype=np.intp)
+    starts = np.zeros(len(unique_keys), dtype=np.intp)
+    counts[slot], starts[slot] = sizes, group_starts
+    per_query = counts[inverse]
+    total = int(per_query.sum())
+    queries = np.repeat(np.arange(len(inverse)), per_query)
+    first = np.repeat(starts[inverse] - (np.cumsum(per_query) - per_query), per_query)
+    return queries, first + np.arange(total)
+
+
+def _distinct_pairs(rows: np.ndarray, named: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (row, named) pairs, sorted, and how many times each came (through how many tables)."""
+    word = packed([rows, named]) if len(rows) else None
+    if word is not None:
+        pairs, shared = np.unique(word[0], return_counts=True)
+        named_bits = word[1][1]
+        return (pairs >> np.uint64(named_bits)).astype(np.int64), pairs & np.uint64((1 << named_bits) - 1), shared
+    order = np.lexsort((named, rows))
+    rows, named = rows[order], named[order]
+    first = np.concatenate([[True], (rows[1:] != rows[:-1]) | (named[1:] != named[:-1])])
+    shared = np.diff(np.append(np.flatnonzero(first), len(first)))
+    return rows[first].astype(np.int64), named[first], shared
+
+
+def reordered(records: EntryRecords, order: np.ndarray) -> EntryRecords:
+    return EntryRecords(
+        records.entries[order],
+        records.ids.take(order),
+        records.fingerprints[order],
+        records.times[order],
+        records.payloads[order],
+        records.origin_rows[order],
+        records.topic_names,
+    )

@@ -1,0 +1,187 @@
+"""The index's LMDB databases as one open store, the encodings of their keys, and the small rows every part of
+the index reads: the ``meta`` counters, the clock, topic ids and source offsets."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from .. import names
+from .format import IndexFormat
+from .table import BIG_ENDIAN_U64 as U64
+from .table import DuplicateRows, PackedBuckets, table_class
+
+__all__ = ["MAX_ID_KEY_BYTES", "NO_TOPIC", "U64", "Store", "bucket_start", "keys_of_ids", "orderable_time", "origin_keys", "seq_bytes"]
+
+NO_TOPIC = 0xFFFFFFFF
+MAX_ID_KEY_BYTES = 480  # LMDB keys stop at 511 bytes; longer ids are keyed by their BLAKE2b digest.
+META_NEXT_SEQ = b"next_seq"
+META_COUNT = b"count"
+META_CLOCK = b"clock"
+META_CLOCK_WINDOW = b"clock_window"  # event times of the latest entries added, whose median moves the clock
+META_NEXT_TOPIC = b"next_topic"
+META_STAGED_GENERATION = b"staged_generation"
+META_NEXT_MERGE = b"next_merge"
+META_UNSWEPT = b"unswept"  # per table: entries removed since the table was last swept (entry-valued tables)
+META_KEYED_WRITES = b"keyed_writes"  # batches that added table rows: what a key filter is valid for
+META_KEY_FILTER_TOKEN = b"key_filter_token"  # names the saved key filter; deleted by every batch that adds keys
+
+
+class Store:
+    """The databases of one open environment under one format (None: a database a read-only open did not find)."""
+
+    def __init__(self, env: Any, fmt: IndexFormat, *, readonly: bool) -> None:
+        self.env = env
+        self.fmt = fmt
+        self.readonly = readonly
+        self.meta = self._db(names.INDEX_DB_META)
+        layout = table_class(fmt.table_layout)
+        self.tables: list[DuplicateRows | PackedBuckets] = [
+            layout(self._db(f"{names.INDEX_DB_TABLE_PREFIX}{t}", **layout.flags), len(key), key_bytes, value_bytes)
+            for t, (key, key_bytes, value_bytes) in enumerate(
+                zip(fmt.plan.tables, fmt.key_bytes, fmt.value_bytes, strict=True)
+            )
+        ]
+        self.staged = self._db(names.INDEX_DB_STAGED)
+        self.folds = self._db(names.INDEX_DB_FOLDS, **DuplicateRows.flags)
+        self.times = self._db(names.INDEX_DB_TIMES)
+        self.entries = self._db(names.INDEX_DB_ENTRIES)
+        self.ids = self._db(names.INDEX_DB_IDS)
+        self.origins = self._db(names.INDEX_DB_ORIGINS)
+        self.sources = self._db(names.INDEX_DB_SOURCES)
+        self.topics = self._db(names.INDEX_DB_TOPICS)
+        self.undo = self._db(names.INDEX_DB_UNDO)
+
+    def _db(self, name: str, **flags: Any) -> Any:
+        return open_db(self.env, name, readonly=self.readonly, **flags)
+
+    def missing(self) -> bool:
+        """Whether databases every index has are missing (it is not a streamdedup index)."""
+        return any(db is None for db in (*(table.db for table in self.tables), self.folds, self.entries))
+
+    def named(self) -> list[tuple[str, Any]]:
+        dbs = [(f"{names.INDEX_DB_TABLE_PREFIX}{t}", table.db) for t, table in enumerate(self.tables)]
+        dbs += [
+            (names.INDEX_DB_STAGED, self.staged),
+            (names.INDEX_DB_FOLDS, self.folds),
+            (names.INDEX_DB_ENTRIES, self.entries),
+            (names.INDEX_DB_IDS, self.ids),
+            (names.INDEX_DB_TIMES, self.times),
+            (names.INDEX_DB_ORIGINS, self.origins),
+            (names.INDEX_DB_SOURCES, self.sources),
+            (names.INDEX_DB_TOPICS, self.topics),
+            (names.INDEX_DB_UNDO, self.undo),
+            (names.INDEX_DB_META, self.meta),
+        ]
+        return [(name, db) for name, db in dbs if db is not None]
+
+    # ----------------------------------------------------------------- meta rows
+
+    def counter(self, txn: Any, key: bytes) -> int:
+        raw = txn.get(key, db=self.meta)
+        return int.from_bytes(raw, "big") if raw else 0
+
+    def put_counter(self, txn: Any, key: bytes, value: int) -> None:
+        txn.put(key, int(value).to_bytes(8, "big"), db=self.meta)
+
+    def clock(self, txn: Any) -> float:
+        raw = txn.get(META_CLOCK, db=self.meta)
+        return float(np.frombuffer(raw, dtype=np.float64)[0]) if raw else -math.inf
+
+    def clock_window(self, txn: Any) -> np.ndarray:
+        raw = txn.get(META_CLOCK_WINDOW, db=self.meta)
+        return np.frombuffer(raw, dtype=np.float64) if raw else np.zeros(0, dtype=np.float64)
+
+    def unswept(self, txn: Any) -> np.ndarray:
+        """Per table, the entries removed since it was last swept (an entry-valued index's)."""
+        raw = txn.get(META_UNSWEPT, db=self.meta)
+        return np.frombuffer(raw, dtype=U64).astype(np.uint64) if raw else np.zeros(len(self.tables), np.uint64)
+
+    def put_unswept(self, txn: Any, unswept: np.ndarray) -> None:
+        txn.put(META_UNSWEPT, unswept.astype(U64).tobytes(), db=self.meta)
+
+    # ----------------------------------------------------------------- topics and source offsets
+
+    def topic_ids(self, txn: Any, topics: Iterable[str]) -> dict[str, int]:
+        out = {}
+        for topic in set(topics):
+            raw = txn.get(topic.encode(), db=self.topics)
+            if raw is None:
+                topic_id = self.counter(txn, META_NEXT_TOPIC)
+                self.put_counter(txn, META_NEXT_TOPIC, topic_id + 1)
+                raw = topic_id.to_bytes(4, "big")
+                txn.put(topic.encode(), raw, db=self.topics)
+            out[topic] = int.from_bytes(raw, "big")
+        return out
+
+    def topic_names(self, txn: Any) -> dict[int, str]:
+        with txn.cursor(self.topics) as cursor:
+            return {int.from_bytes(v, "big"): k.decode() for k, v in cursor}
+
+    def source_offsets(self, txn: Any) -> dict[tuple[str, int], int]:
+        if self.sources is None:
+            return {}
+        topics = self.topic_names(txn)
+        with txn.cursor(self.sources) as cursor:
+            return {
+                (topics[int.from_bytes(k[:4], "big")], int.from_bytes(k[4:], "big")): int.from_bytes(v, "big")
+                for k, v in cursor
+            }
+
+    def put_source_offsets(self, txn: Any, source_offsets: Mapping[tuple[str, int], int]) -> None:
+        topic_ids = self.topic_ids(txn, (topic for topic, _ in source_offsets))
+        for (topic, partition), offset in source_offsets.items():
+            key = topic_ids[topic].to_bytes(4, "big") + int(partition).to_bytes(4, "big")
+            txn.put(key, int(offset).to_bytes(8, "big"), db=self.sources)
+
+
+def open_db(env: Any, name: str, *, readonly: bool, **flags: Any) -> Any:
+    try:
+        return env.open_db(name.encode(), create=not readonly, **flags)
+    except lmdb.NotFoundError:
+        return None
+
+
+# ----------------------------------------------------------------- key encodings
+
+
+def seq_bytes(seqs: np.ndarray) -> list[bytes]:
+    """Entry keys (or folds) as big-endian LMDB keys, which sort as the numbers do."""
+    return np.ascontiguousarray(seqs, dtype=U64).view("V8").tolist()
+
+
+def keys_of_ids(id_bytes: list[bytes]) -> list[bytes]:
+    if max(map(len, id_bytes), default=0) <= MAX_ID_KEY_BYTES:
+        return id_bytes
+    return [b if len(b) <= MAX_ID_KEY_BYTES else b"\xff#" + hashlib.blake2b(b, digest_size=32).digest() for b in id_bytes]
+
+
+def origin_keys(head: np.ndarray) -> list[bytes]:
+    """(topic id, partition, offset) big-endian, so one partition's entries sort by offset."""
+    keys = np.zeros(len(head), dtype=[("topic", ">u4"), ("partition", ">u4"), ("offset", ">u8")])
+    keys["topic"], keys["partition"], keys["offset"] = head["topic"], head["partition"], head["offset"]
+    return keys.view("V16").tolist()
+
+
+def orderable_time(times: np.ndarray) -> np.ndarray:
+    """float64 -> uint64 whose unsigned order is the float order (negative times included)."""
+    raw = np.ascontiguousarray(times, dtype=np.float64).view(np.uint64)
+    negative = (raw >> np.uint64(63)).astype(bool)
+    return np.where(negative, ~raw, raw | np.uint64(1 << 63))
+
+
+def time_buckets(times: np.ndarray, width: float) -> np.ndarray:
+    """The ``times`` rows' keys of these event times: their bucket numbers, orderable."""
+    return orderable_time(np.floor(times / width))
+
+
+def bucket_start(key: bytes, width: float) -> float:
+    raw = np.frombuffer(key[:8], dtype=U64).astype(np.uint64)
+    # Invert orderable_time: the top bit tells the sign of the original float.
+    bits = np.where(raw >> np.uint64(63), raw & ~np.uint64(1 << 63), ~raw)
+    return float(bits.view(np.float64)[0]) * width

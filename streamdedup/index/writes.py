@@ -1,0 +1,291 @@
+"""The write path: a batch of documents checked into a :class:`Batch`, then stored in one write transaction
+with its table rows (staged, or merged at the table's turn), its ``times`` rows, the clock, and the expiry and
+eviction it brings."""
+
+from __future__ import annotations
+
+import time as wallclock
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .cached import Cached
+from .expiry import Expiry
+from .keys import TableKeys, run_ranks
+from .lookup import Lookup
+from .staging import Staging
+from .store import (
+    META_CLOCK,
+    META_CLOCK_WINDOW,
+    META_COUNT,
+    META_NEXT_MERGE,
+    META_NEXT_SEQ,
+    NO_TOPIC,
+    U64,
+    Store,
+    keys_of_ids,
+    origin_keys,
+    seq_bytes,
+    time_buckets,
+)
+from .undo import Undo, UndoRecords
+
+__all__ = ["CLOCK_WINDOW", "Batch", "Writes"]
+
+CLOCK_WINDOW = 1001
+"""Entries whose median event time is the clock expiry runs by: a few entries stamped far ahead (a producer's
+clock years off) move it nowhere, where the newest time would expire everything stored before them."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Documents to store, row for row: ids (and their UTF-8 bytes), fingerprints, event times, payloads padded to
+    the index's width, origins (topic, partition, offset) or None, and their table keys."""
+
+    ids: list[str]
+    id_bytes: list[bytes]
+    fps: np.ndarray
+    times: np.ndarray
+    payloads: np.ndarray
+    origins: list[tuple[str, int, int] | None]
+    keys: TableKeys
+
+    @classmethod
+    def checked(
+        cls,
+        lookup: Lookup,
+        ids: Sequence[str],
+        fps: np.ndarray,
+        times: Sequence[float] | np.ndarray | None,
+        payloads: Sequence[bytes] | np.ndarray | None,
+        origins: Sequence[tuple[str, int, int] | None] | None,
+        keys: TableKeys | None,
+    ) -> Batch:
+        """The batch of these arguments, each checked against the others and the index's format (ValueError)."""
+        payload_bytes = lookup.fmt.payload_bytes
+        fps = lookup.checked(fps)
+        n = len(fps)
+        ids = list(ids)
+        if len(ids) != n:
+            raise ValueError(f"{len(ids)} ids for {n} fingerprints")
+        try:
+            id_bytes = list(map(str.encode, ids))
+        except TypeError:
+            bad = [i for i, x in enumerate(ids) if not isinstance(x, str)]
+            raise ValueError(f"ids must be strings; rows {bad[:10]} are not") from None
+        except UnicodeEncodeError:
+            # Encoding with replacement changes exactly the ids that hold lone surrogates.
+            bad = [i for i, x in enumerate(ids) if x.encode(errors="replace").decode() != x]
+            raise ValueError(f"ids must be valid Unicode; rows {bad[:10]} hold lone surrogates") from None
+        if n and min(map(len, id_bytes)) == 0:
+            raise ValueError(f"ids must be non-empty; rows {[i for i, b in enumerate(id_bytes) if not b][:10]} are empty")
+        if times is None:
+            times = np.full(n, wallclock.time())
+        times = np.asarray(times, dtype=np.float64).reshape(-1)
+        if len(times) != n or not np.isfinite(times).all():
+            raise ValueError("times must be one finite event time per fingerprint")
+        payload_rows = np.zeros((n, payload_bytes), dtype=np.uint8)
+        if payloads is not None:
+            if isinstance(payloads, np.ndarray):
+                if payloads.shape != (n, payload_bytes):
+                    raise ValueError(f"payloads must have shape ({n}, {payload_bytes}), got {payloads.shape}")
+                payload_rows[:] = payloads
+            else:
+                payloads = list(payloads)
+                too_long = [i for i, p in enumerate(payloads) if len(p) > payload_bytes]
+                if len(payloads) != n or too_long:
+                    raise ValueError(f"need {n} payloads of at most {payload_bytes} bytes (bad rows {too_long[:10]})")
+                for i, p in enumerate(payloads):
+                    payload_rows[i, : len(p)] = np.frombuffer(bytes(p), dtype=np.uint8)
+        origins = list(origins) if origins is not None else [None] * n
+        if len(origins) != n:
+            raise ValueError(f"{len(origins)} origins for {n} fingerprints")
+        return cls(ids, id_bytes, fps, times, payload_rows, origins, lookup.table_keys(fps, keys))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def subset(self, rows: np.ndarray) -> Batch:
+        at = rows.tolist()
+        return Batch(
+            [self.ids[i] for i in at],
+            [self.id_bytes[i] for i in at],
+            self.fps[rows],
+            self.times[rows],
+            self.payloads[rows],
+            [self.origins[i] for i in at],
+            self.keys.subset(rows),
+        )
+
+
+class Writes:
+    """Stores batches in one store."""
+
+    def __init__(
+        self, store: Store, cached: Cached, staging: Staging, expiry: Expiry, undo: UndoRecords,
+        *, max_age: float | None, max_entries: int | None, key_capacity: int | None,
+    ) -> None:
+        self.store = store
+        self.fmt = store.fmt
+        self.cached = cached
+        self.staging = staging
+        self.expiry = expiry
+        self.undo = undo
+        self.max_age = max_age
+        self.max_entries = max_entries
+        self.key_capacity = key_capacity
+
+    def add(self, txn: Any, batch: Batch, source_offsets: Mapping[tuple[str, int], int] | None) -> None:
+        """Store a batch (a re-added id replaces its entry) and the source offsets after it."""
+        ids = batch.ids
+        n = len(ids)
+        if n:
+            if len(set(ids)) != n:
+                # The last occurrence of an id in a batch wins, like a re-add in a later batch.
+                last = {x: i for i, x in enumerate(ids)}
+                batch = batch.subset(np.array(sorted(last.values()), dtype=np.intp))
+            id_keys = keys_of_ids(batch.id_bytes)
+            undo = Undo(
+                self.store.counter(txn, META_NEXT_SEQ),
+                self.store.counter(txn, META_COUNT),
+                txn.get(META_CLOCK, db=self.store.meta),
+                txn.get(META_CLOCK_WINDOW, db=self.store.meta),
+                [], [], [], {}, [],
+            )
+            with txn.cursor(self.store.ids) as cursor:
+                existing = cursor.getmulti(id_keys)
+            if existing:
+                self.expiry.remove(txn, np.frombuffer(b"".join(v for _, v in existing), dtype=U64).astype(np.uint64), undo)
+            self._insert(txn, batch, id_keys, undo)
+            window = np.concatenate([self.store.clock_window(txn), batch.times])[-CLOCK_WINDOW:]
+            txn.put(META_CLOCK_WINDOW, window.tobytes(), db=self.store.meta)
+            clock = max(float(np.median(window)), self.store.clock(txn))
+            txn.put(META_CLOCK, np.float64(clock).tobytes(), db=self.store.meta)
+            if self.max_age is not None:
+                self.expiry.expire(txn, clock - self.max_age, undo)
+            if self.max_entries is not None:
+                # Stale keys (entries already removed by id) make a round remove fewer than asked; go on.
+                excess = self.store.counter(txn, META_COUNT) - self.max_entries
+                while excess > 0:
+                    popped = self.expiry.pop_oldest(txn, excess, None, undo)
+                    if not len(popped):
+                        break
+                    excess -= self.expiry.remove(txn, popped, undo)
+            self.undo.save(txn, undo)
+        if source_offsets:
+            self.store.put_source_offsets(txn, source_offsets)
+
+    def _insert(self, txn: Any, batch: Batch, id_keys: list[bytes], undo: Undo) -> None:
+        """Store a batch's entries (ids distinct, none stored), keyed ``id_keys``."""
+        fps, times, origins = batch.fps, batch.times, batch.origins
+        n = len(fps)
+        first_seq = self.store.counter(txn, META_NEXT_SEQ)
+        seqs = np.arange(first_seq, first_seq + n, dtype=np.uint64)
+        seq_keys = seq_bytes(seqs)
+        head = np.zeros(n, dtype=self.fmt.record)
+        head["fp"] = fps.reshape(n, self.fmt.words)
+        head["time"] = times
+        head["topic"] = NO_TOPIC
+        head["payload"] = batch.payloads.reshape(n, self.fmt.payload_bytes)
+        # Counted in C first: batches all without origins (the offline mode) or all with (the service) are
+        # the common cases, and neither takes a Python step per row here.
+        missing = origins.count(None)
+        if missing != n:
+            rows, present, present_keys = np.arange(n), origins, seq_keys
+            if missing:
+                kept = [i for i, origin in enumerate(origins) if origin is not None]
+                rows, present, present_keys = np.array(kept), [origins[i] for i in kept], [seq_keys[i] for i in kept]
+            topics, partitions, offsets = zip(*present)
+            topic_ids = self.store.topic_ids(txn, topics)
+            head["topic"][rows] = topic_ids[topics[0]] if len(topic_ids) == 1 else [topic_ids[t] for t in topics]
+            head["partition"][rows] = partitions
+            head["offset"][rows] = offsets
+            with txn.cursor(self.store.origins) as cursor:
+                cursor.putmulti(zip(origin_keys(head[rows]), present_keys))
+        heads = head.view(f"V{self.fmt.record.itemsize}").tolist()
+        with txn.cursor(self.store.entries) as cursor:
+            cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads, batch.id_bytes)), append=True)
+        with txn.cursor(self.store.ids) as cursor:
+            cursor.putmulti(zip(id_keys, seq_keys))
+        batch_keys = batch.keys
+        self.cached.keys_added(txn, batch_keys.keys)
+        if not self.fmt.entry_valued:
+            folds = batch_keys.folds
+            # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
+            order = np.argsort(folds)
+            with txn.cursor(self.store.folds) as cursor:
+                cursor.putmulti(zip(seq_bytes(folds[order]), seq_bytes(seqs[order])))
+        # Rows are staged; one table in turn takes its staged rows and this batch's (see the module docstring).
+        merged = self.store.counter(txn, META_NEXT_MERGE) % len(self.store.tables)
+        for table in range(len(self.store.tables)):
+            keys = batch_keys.keys[table]
+            values = seqs[batch_keys.rows[table]] if self.fmt.entry_valued else batch_keys.values[table]
+            if batch_keys.unkeyed_zero:
+                wanted = keys != 0
+                keys, values = keys[wanted], values[wanted]
+            if self.key_capacity is not None:
+                keys, values = self._within_capacity(txn, table, keys, values)
+            if table == merged and self.store.tables[table].merge_due(txn, len(self.cached.staged(txn)[table]) + len(keys)):
+                self._merge(txn, table, keys, values)
+            else:
+                self.staging.stage(txn, table, first_seq, keys, values)
+        self.store.put_counter(txn, META_NEXT_MERGE, merged + 1)
+        # One row per (time bucket, batch): the batch's entry keys in that bucket as (start, stop) runs.
+        buckets = time_buckets(times, self.fmt.time_bucket)
+        order = np.argsort(buckets, kind="stable")
+        edges = np.flatnonzero(np.diff(buckets[order])) + 1
+        for bucket_rows in np.split(order, edges):
+            members = seqs[bucket_rows]
+            breaks = np.flatnonzero(np.diff(members) != 1) + 1
+            starts = members[np.concatenate([[0], breaks])]
+            stops = members[np.concatenate([breaks - 1, [len(members) - 1]])] + np.uint64(1)
+            key = seq_bytes(buckets[bucket_rows[:1]])[0] + seq_keys[bucket_rows[0]]
+            undo.times.setdefault(key, None)
+            txn.put(key, np.stack([starts, stops], axis=1).astype(U64).tobytes(), db=self.store.times)
+        self.store.put_counter(txn, META_NEXT_SEQ, first_seq + n)
+        self.store.put_counter(txn, META_COUNT, self.store.counter(txn, META_COUNT) + n)
+
+    def _merge(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Put a table's staged rows and a batch's rows of it into the table, in key order."""
+        staged = self.cached.staged(txn)
+        old_keys, old_values = staged[table].keys, staged[table].values
+        keys, values = np.concatenate([old_keys, keys]), np.concatenate([old_values, values])
+        if self.fmt.entry_valued and self.expiry.sweep_due(txn, table):
+            self.expiry.sweep(txn, table, keys, values)
+        else:
+            order = np.argsort(keys, kind="stable")
+            self.store.tables[table].insert(txn, keys[order], values[order])
+            self.cached.mirror_inserted(txn, table, keys[order], values[order])
+        if len(old_keys):
+            self.staging.unstage(txn, table)
+            staged[table] = staged[table].emptied()
+            self.cached.staged_changed()
+
+    def _within_capacity(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows (``keys`` ascending, each key's rows in stream order) whose key still has room: the first of
+        them up to ``key_capacity`` rows of that key, counting those stored or staged (a removed entry's row
+        counts until its table's sweep). A hot key keeps its first documents and takes no more."""
+        if not len(keys):
+            return keys, values
+        starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+        held = self._rows_held(txn, table, keys[starts])
+        room = run_ranks(starts, len(keys)) + np.repeat(held, np.diff(np.append(starts, len(keys)))) < self.key_capacity
+        return keys[room], values[room]
+
+    def _rows_held(self, txn: Any, table: int, unique_keys: np.ndarray) -> np.ndarray:
+        """Rows each of these keys (ascending, distinct) holds in ``table``, merged and staged."""
+        mirror = self.cached.table_mirror(txn)
+        mirrored = mirror.tables[table] if mirror is not None else None
+        if mirrored is not None:
+            low, high = mirrored.bounds(unique_keys)
+            held = high - low
+        else:
+            owners, _ = self.store.tables[table].read(txn, unique_keys)
+            held = np.bincount(owners, minlength=len(unique_keys))
+        staged = self.cached.staged(txn)[table]
+        if len(staged):
+            low, high = staged.bounds(unique_keys)
+            held = held + (high - low)
+        return held
