@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 import aiokafka
 import numpy as np
@@ -147,6 +147,13 @@ class _DistanceHistogram(Collector):
         yield HistogramMetricFamily(self._name, self._documentation)
 
 
+class _Common(TypedDict):
+    """What every metric of a service shares: its name's prefix and its registry."""
+
+    namespace: str
+    registry: CollectorRegistry
+
+
 class ServiceMetrics:
     """Every metric of the service, registered on its own :class:`CollectorRegistry` (no global state).
 
@@ -167,7 +174,7 @@ class ServiceMetrics:
         process_metrics: bool = True,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        common = {"namespace": NAMESPACE, "registry": self.registry}
+        common = _Common(namespace=NAMESPACE, registry=self.registry)
 
         self.messages_consumed = Counter(
             "messages_consumed", "Records read from the input topics.", ["topic"], **common
