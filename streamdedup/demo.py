@@ -203,8 +203,8 @@ def _print_summary(run: _Run, stats: ServiceStats, published: int, dropped: list
         f"  dropped:        {sum(stats.dropped.values())} "
         f"({', '.join(f'{k} {v}' for k, v in sorted(stats.dropped.items())) or 'none'})"
     )
-    for line in _jaccard_ranges(dropped):
-        print(f"    {line}")
+    for jaccard_range in _jaccard_ranges(dropped):
+        print(f"    {jaccard_range}")
     print(f"  dead-lettered:  {sum(stats.dead_lettered.values())} ({_reasons(stats)})")
     print(f"  transactions:   {stats.transactions}")
     if dropped:

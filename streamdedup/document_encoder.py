@@ -87,9 +87,12 @@ class SimHashDocumentEncoder:
     def encode_batch(self, documents: Sequence[str | Sequence[str]]) -> np.ndarray:
         """uint8 (len(documents), size), vectorised over every token occurrence of the batch."""
         tokens, owners = self._tokens(documents)
-        distinct, token_ids = np.unique(np.array(tokens, dtype=str), return_inverse=True) if tokens else ([], [])
-        distinct = [str(token) for token in distinct]
-        token_ids = np.asarray(token_ids, dtype=np.int64)
+        if tokens:
+            unique, inverse = np.unique(np.array(tokens, dtype=str), return_inverse=True)
+            distinct = [str(token) for token in unique]
+        else:
+            distinct, inverse = [], np.zeros(0, dtype=np.int64)
+        token_ids = np.asarray(inverse, dtype=np.int64)
 
         weights = np.array([self._weight(token) for token in distinct], dtype=np.int64)
         kept = weights[token_ids] >= 0 if len(distinct) else np.zeros(0, dtype=bool)

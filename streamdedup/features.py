@@ -542,6 +542,7 @@ class FeatureExtractor:
             bounds[uncut] = route_bounds[uncut] = _IDENTITY_LIMIT
             if uncut.all():
                 features, _ = self._distinct(document_count, groups, group_sizes, _occurrence_keys(identities, owners))
+                assert features is not None  # only cut occurrences leave documents short
                 return features
             # Cut before the keys are made: a long document keeps a few percent of its occurrences.
             # The document past the last (windows straddling two documents) keeps nothing.
@@ -607,9 +608,9 @@ class FeatureExtractor:
 
         identity = keys & _IDENTITY_MASK
         kept = np.ones(len(keys), dtype=bool)
-        if settings.frequency_floor > 1:
+        if counts is not None and settings.frequency_floor > 1:
             kept &= counts >= settings.frequency_floor
-        if settings.frequency_ceiling is not None:
+        if counts is not None and settings.frequency_ceiling is not None:
             kept &= counts <= settings.frequency_ceiling
         if len(self._excluded):
             kept &= ~np.isin(identity, self._excluded)
@@ -637,7 +638,7 @@ class FeatureExtractor:
             slot = np.minimum(np.searchsorted(self._vocabulary_keys, identity), len(self._vocabulary_keys) - 1)
             known = self._vocabulary_keys[slot] == identity
             weights[known] = self._vocabulary_weights[slot[known]]
-        if settings.weighting == "tf":
+        if counts is not None and settings.weighting == "tf":
             weights *= counts
 
         sources = None if occurrence is None else occurrence[heads]

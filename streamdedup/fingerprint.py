@@ -207,7 +207,7 @@ def segmented_simhash(
         kept = np.flatnonzero(among_first(group, per_segment))
         group, hashes, weights = group[kept], hashes[kept], weights[kept]
         sizes = np.minimum(sizes, per_segment)
-    values = np.zeros(cells, dtype=np.uint64)
+    values: np.ndarray = np.zeros(cells, dtype=np.uint64)
     unit = bool(np.all(weights == 1.0))
     if len(group) and unit and seg_bits == 32 and sizes.max() <= _MAJORITY_DEPTH:
         values = _majority32((hashes >> np.uint64(32)).astype(np.uint32), group, sizes)
@@ -348,8 +348,9 @@ class Fingerprinter:
         """uint64 array (len(texts), width // 64)."""
         return self.fingerprint_batch(texts).fingerprints
 
-    def fingerprint_batch(self, texts: Sequence[str]) -> FingerprintBatch:
-        """Fingerprint every text; a text that cannot be used gets an error and an all-zero row, alone."""
+    def fingerprint_batch(self, texts: Sequence[str | None]) -> FingerprintBatch:
+        """Fingerprint every text; a text that cannot be used (not a string, too few characters) gets an error
+        and an all-zero row, alone."""
         if isinstance(texts, str | bytes):
             raise TypeError("texts must be a sequence of texts, not a single text")
         usable, usable_texts, errors = self._accept(texts)

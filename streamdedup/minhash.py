@@ -89,8 +89,8 @@ class BottomK:
         early = repeat[:, :k].view(np.uint8).sum(axis=1, dtype=counter)
         late = repeat[:, k:]
         repeats_before = np.cumsum(late, axis=1, dtype=counter)
-        repeats_before -= late
-        repeats_before += early[:, None]
+        np.subtract(repeats_before, late, out=repeats_before)
+        np.add(repeats_before, early[:, None], out=repeats_before)
         in_top_k = repeats_before > np.arange(late.shape[1], dtype=counter)
         in_top_k &= late
         shared = early + in_top_k.view(np.uint8).sum(axis=1, dtype=counter)

@@ -133,7 +133,7 @@ def _decoded_and_signed(signer: Signer, lines: list[bytes], input_settings: Inpu
     """In a signing worker: the lines decoded (documents without their texts) and their documents signed."""
     decoded = _decoded(lines, input_settings, first)
     signatures = signer.sign([item.text for item in decoded if type(item) is Document])
-    return [item if type(item) is DeadLetter else item._replace(text="") for item in decoded], signatures
+    return [item if isinstance(item, DeadLetter) else item._replace(text="") for item in decoded], signatures
 
 
 def _decided(
@@ -179,7 +179,7 @@ def dedup_file(
             summary.read += len(lines)
             kept_lines = []
             for line, item in zip(lines, decoded, strict=True):
-                if type(item) is Document:
+                if isinstance(item, Document):
                     kept_lines.append(line)
                 else:
                     # Dead letters never reach the decision core.
