@@ -93,7 +93,9 @@ def main(options: list[str], settings: Settings) -> int:
     parser.add_argument("--documents", type=int, default=200_000, help="documents per stream (default: 200,000)")
     parser.add_argument("--copies", type=float, default=0.01, help="share of documents copied later (default: 0.01)")
     parser.add_argument("--window", type=int, default=50_000, help="documents per window")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="bench growth's corpus; assembled if missing")
+    parser.add_argument(
+        "--corpus", type=Path, default=DEFAULT_CORPUS, help="bench growth's corpus; assembled if missing"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the streams")
     args = parser.parse_args(options)
 
@@ -101,8 +103,8 @@ def main(options: list[str], settings: Settings) -> int:
     natural, _, _ = read_corpus(args.corpus, args.documents)
     streams: dict[str, tuple[list[bytes], PlantedStream | None]] = {"natural": (natural, None)}
     for name, make in (("template", template_stream), ("boilerplate", boilerplate_stream)):
-        planted = make(args.documents, args.copies, args.seed)
-        streams[name] = (_lines(planted.texts), planted)
+        made = make(args.documents, args.copies, args.seed)
+        streams[name] = (_lines(made.texts), made)
 
     results = []
     for name, (lines, planted) in streams.items():
@@ -152,7 +154,11 @@ def _result(name: str, windows: list[Window], novel: np.ndarray, planted: Plante
         name,
         documents,
         documents / seconds,
-        (max(w.candidates_p50 for w in windows), max(w.candidates_p99 for w in windows), max(w.candidates_max for w in windows)),
+        (
+            max(w.candidates_p50 for w in windows),
+            max(w.candidates_p99 for w in windows),
+            max(w.candidates_max for w in windows),
+        ),
         caught,
         None if planted is None else len(planted.copy_of),
         int(novel.sum()),
@@ -161,11 +167,15 @@ def _result(name: str, windows: list[Window], novel: np.ndarray, planted: Plante
 
 def _print_table(results: list[_Result]) -> None:
     normal = results[0].docs_per_second
-    print(f"\n{'stream':<12} {'documents':>10} {'docs/s':>8} {'x natural':>9} {'cand p50':>8} {'cand p99':>8} "
-          f"{'cand max':>8} {'copies caught':>14} {'kept':>9}")
+    print(
+        f"\n{'stream':<12} {'documents':>10} {'docs/s':>8} {'x natural':>9} {'cand p50':>8} {'cand p99':>8} "
+        f"{'cand max':>8} {'copies caught':>14} {'kept':>9}"
+    )
     for r in results:
         p50, p99, most = r.candidates
         caught = "-" if r.caught is None else f"{r.caught:,}/{r.planted:,}"
-        print(f"{r.name:<12} {r.documents:>10,} {r.docs_per_second:>8,.0f} {r.docs_per_second / normal:>8.2f}x "
-              f"{p50:>8.0f} {p99:>8.0f} {most:>8,} {caught:>14} {r.kept:>9,}")
+        print(
+            f"{r.name:<12} {r.documents:>10,} {r.docs_per_second:>8,.0f} {r.docs_per_second / normal:>8.2f}x "
+            f"{p50:>8.0f} {p99:>8.0f} {most:>8,} {caught:>14} {r.kept:>9,}"
+        )
     print("candidates: the highest window's p50 and p99, and the maximum over the stream")

@@ -107,8 +107,10 @@ def main(options: list[str], settings: Settings) -> int:
         size = sum(len(text.encode("utf-8")) for text in texts)
         rates.append((len(texts) / seconds, size / seconds / 1e6))
         print(f"{name:52} {rates[-1][0]:12,.0f} {rates[-1][1]:9.2f} {describe_steal(steal):>7}")
-    print(f"host CPU steal (other tenants' share of the cores): {describe_steal(whole_run.percent())} over all rounds; "
-          "the column is the round that counted")
+    print(
+        f"host CPU steal (other tenants' share of the cores): {describe_steal(whole_run.percent())} over all rounds; "
+        "the column is the round that counted"
+    )
     ours, simhash_rate, datasketch_rate, rensa_rate, bottom_k, long_rate = rates[:6]
     print(f"ratio Fingerprinter / simhash:            {ours[0] / simhash_rate[0]:8.1f}x  (goal >= 25x)")
     print(f"ratio Fingerprinter / datasketch MinHash: {ours[0] / datasketch_rate[0]:8.1f}x  (goal >= 10x)")

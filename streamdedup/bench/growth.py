@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import psutil
@@ -105,11 +106,16 @@ def main(options: list[str], settings: Settings) -> int:
 
     print(_HEADER, flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-growth-", dir=args.dir) as work:
-        windows = run_growth(lines, settings, Path(work), window=args.window, report=lambda w: print(_row(w), flush=True))
+        windows = run_growth(
+            lines, settings, Path(work), window=args.window, report=lambda w: print(_row(w), flush=True)
+        )
 
     ratio = windows[-1].docs_per_second / windows[0].docs_per_second if windows else float("nan")
     print(f"last window / first window documents/s: {ratio:.2f} (goal >= {GOAL})")
-    title = f"bench growth: {len(lines):,} documents of natural text; last / first window documents/s {ratio:.2f} (goal >= {GOAL})"
+    title = (
+        f"bench growth: {len(lines):,} documents of natural text; "
+        f"last / first window documents/s {ratio:.2f} (goal >= {GOAL})"
+    )
     _chart(windows, args.chart, title=title)
     print(f"chart: {args.chart}")
     if args.json is not None:
@@ -184,7 +190,7 @@ def run_growth(
                 disk_bytes=usage["disk_bytes"],
                 kept_so_far=kept,
                 cpu_seconds=cpu_now - cpu_before,
-                **_percentiles(candidates),
+                **_percentiles(candidates)._asdict(),
             )
             windows.append(closed)
             report(closed)
@@ -218,17 +224,31 @@ def _rss(me: psutil.Process) -> int:
     return total
 
 
-def _percentiles(candidates: list[np.ndarray]) -> dict[str, float | int]:
+class _Candidates(NamedTuple):
+    candidates_p50: float
+    candidates_p99: float
+    candidates_max: int
+
+
+def _percentiles(candidates: list[np.ndarray]) -> _Candidates:
     values = np.concatenate([np.zeros(0, dtype=np.int64), *candidates])
     if not len(values):
-        return {"candidates_p50": 0.0, "candidates_p99": 0.0, "candidates_max": 0}
+        return _Candidates(0.0, 0.0, 0)
     p50, p99 = np.percentile(values, [50, 99]).tolist()
-    return {"candidates_p50": p50, "candidates_p99": p99, "candidates_max": int(values.max())}
+    return _Candidates(p50, p99, int(values.max()))
 
 
 _COLUMNS = (
-    ("window", 6), ("documents/s", 11), ("CPU us/doc", 10), ("kept %", 6), ("index entries", 13), ("RSS MB", 7),
-    ("disk B/kept doc", 15), ("cand p50", 8), ("cand p99", 8), ("cand max", 8),
+    ("window", 6),
+    ("documents/s", 11),
+    ("CPU us/doc", 10),
+    ("kept %", 6),
+    ("index entries", 13),
+    ("RSS MB", 7),
+    ("disk B/kept doc", 15),
+    ("cand p50", 8),
+    ("cand p99", 8),
+    ("cand max", 8),
 )
 _HEADER = "  ".join(name.rjust(width) for name, width in _COLUMNS)
 
@@ -238,10 +258,16 @@ def _row(w: Window) -> str:
         return f"{value:,.0f}"
 
     cells = (
-        str(w.number), f"{w.docs_per_second:,.0f}", f"{1e6 * w.cpu_per_document:,.0f}", f"{100 * w.kept / w.documents:.1f}",
+        str(w.number),
+        f"{w.docs_per_second:,.0f}",
+        f"{1e6 * w.cpu_per_document:,.0f}",
+        f"{100 * w.kept / w.documents:.1f}",
         f"{w.entries:,}",
-        f"{w.rss_bytes / 2**20:,.0f}", f"{w.disk_per_kept:,.0f}", candidates(w.candidates_p50),
-        candidates(w.candidates_p99), candidates(w.candidates_max),
+        f"{w.rss_bytes / 2**20:,.0f}",
+        f"{w.disk_per_kept:,.0f}",
+        candidates(w.candidates_p50),
+        candidates(w.candidates_p99),
+        candidates(w.candidates_max),
     )
     return "  ".join(cell.rjust(width) for cell, (_, width) in zip(cells, _COLUMNS, strict=True))
 
@@ -259,7 +285,9 @@ def _chart(windows: Sequence[Window], path: Path, *, title: str) -> None:
     fig.suptitle(title)
     rate.plot(entries, [w.docs_per_second for w in windows], marker="o", label="documents/s in the window")
     if windows:
-        rate.axhline(GOAL * windows[0].docs_per_second, color="grey", linestyle="--", label=f"goal: {GOAL} x the first window")
+        rate.axhline(
+            GOAL * windows[0].docs_per_second, color="grey", linestyle="--", label=f"goal: {GOAL} x the first window"
+        )
     rate.set_ylabel("documents/s")
     rate.set_ylim(bottom=0)
     rate.grid(alpha=0.3)

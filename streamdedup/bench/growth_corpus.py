@@ -113,9 +113,7 @@ def apt_documents(dumpavail: str) -> Iterator[str]:
 # ---------------------------------------------------------------- changelogs
 
 _BULLET = re.compile(r"^\s*[*+-]\s")
-_ENTRY_METADATA = re.compile(
-    r"^(?:\S.*\(.*\).*;\s*urgency=|\s?-- .*<.*>\s+\S.*\d{4}|\d{4}-\d\d-\d\d\s+\S)"
-)
+_ENTRY_METADATA = re.compile(r"^(?:\S.*\(.*\).*;\s*urgency=|\s?-- .*<.*>\s+\S.*\d{4}|\d{4}-\d\d-\d\d\s+\S)")
 _TAG = re.compile(r"<[^>\n]*>")
 
 
@@ -164,11 +162,45 @@ def copyright_documents(text: str) -> Iterator[str]:
 
 # Named characters worth keeping; any other is dropped.
 _NAMED = {
-    "em": "\u2014", "en": "\u2013", "bu": "\u2022", "aq": "'", "lq": '"', "rq": '"', "oq": "'", "cq": "'",
-    "dq": '"', "co": "\u00a9", "rg": "\u00ae", "hy": "-", "mi": "-", "ti": "~", "ha": "^", "bv": "|", "ba": "|",
-    "sl": "/", "rs": "\\", "dg": "\u2020", "de": "\u00b0", "tm": "\u2122", "Fo": "\u00ab", "Fc": "\u00bb",
-    "ga": "`", "at": "@", "sh": "#", "Do": "$", "pl": "+", "eq": "=", "lt": "<", "gt": ">", "ra": "\u2192",
-    "->": "\u2192", "<-": "\u2190", "mu": "\u00d7", "<=": "\u2264", ">=": "\u2265", "aa": "\u00b4",
+    "em": "\u2014",
+    "en": "\u2013",
+    "bu": "\u2022",
+    "aq": "'",
+    "lq": '"',
+    "rq": '"',
+    "oq": "'",
+    "cq": "'",
+    "dq": '"',
+    "co": "\u00a9",
+    "rg": "\u00ae",
+    "hy": "-",
+    "mi": "-",
+    "ti": "~",
+    "ha": "^",
+    "bv": "|",
+    "ba": "|",
+    "sl": "/",
+    "rs": "\\",
+    "dg": "\u2020",
+    "de": "\u00b0",
+    "tm": "\u2122",
+    "Fo": "\u00ab",
+    "Fc": "\u00bb",
+    "ga": "`",
+    "at": "@",
+    "sh": "#",
+    "Do": "$",
+    "pl": "+",
+    "eq": "=",
+    "lt": "<",
+    "gt": ">",
+    "ra": "\u2192",
+    "->": "\u2192",
+    "<-": "\u2190",
+    "mu": "\u00d7",
+    "<=": "\u2264",
+    ">=": "\u2265",
+    "aa": "\u00b4",
 }
 _ESCAPE = re.compile(
     r"""\\(?:

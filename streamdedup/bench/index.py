@@ -49,7 +49,9 @@ def main(options: list[str], settings: Settings) -> int:
     parser.add_argument("--query-batch", type=int, default=2_048, help="the service's batch size")
     parser.add_argument("--simhash-entries", type=int, default=None, help="simhash stored set (default: --entries)")
     parser.add_argument("--simhash-queries", type=int, default=1_000)
-    parser.add_argument("--rounds", type=int, default=3, help="search rounds in turn; each contestant keeps its fastest")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="search rounds in turn; each contestant keeps its fastest"
+    )
     parser.add_argument("--with-10m", action="store_true", help="also fill a 10M-entry index (slow, ~2 GB)")
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
     parser.add_argument("--no-sync", action="store_true", help="do not fsync each commit")
@@ -118,27 +120,41 @@ def _run(args: argparse.Namespace, work: Path, sync: bool) -> int:
     print(f"| insert p50 / p99 per batch of {args.small_insert_batch:,} (ms) | {small_inserted.percentiles()} |")
     print(f"| faiss IndexBinaryMultiHash(64,4,16) add, in memory (fps/s) | {faiss_insert:,.0f} wall |")
     print(f"| simhash SimhashIndex(k=3) build on {sim_n:,} (fps/s) | {sim_insert:,.0f} wall |")
-    print(f"| search, batches of {args.query_batch:,}, fastest of {args.rounds} rounds (queries/s) | {searched.rates(q)} |")
+    print(
+        f"| search, batches of {args.query_batch:,}, fastest of {args.rounds} rounds (queries/s) "
+        f"| {searched.rates(q)} |"
+    )
     print(f"| search p50 / p99 per batch (ms) | {searched.percentiles()} |")
     print(f"| query with ids (queries/s) | {queried.rates(q)} |")
     print(f"| faiss range_search, 1 thread, fastest of {args.rounds} rounds (queries/s) | {faiss_query.rates(q)} |")
     print(f"| faiss p50 / p99 per batch (ms) | {faiss_query.percentiles()} |")
-    print(f"| simhash get_near_dups, {sim_n:,} stored, {sim_q:,} queries, fastest of {args.rounds} rounds (queries/s) | "
-          f"{sim_query.rates(sim_q)} |")
+    print(
+        f"| simhash get_near_dups, {sim_n:,} stored, {sim_q:,} queries, fastest of {args.rounds} rounds (queries/s) | "
+        f"{sim_query.rates(sim_q)} |"
+    )
     print(f"| ratio search / faiss (goal >= 0.5) | {ours_wall / faiss_wall:.2f} wall, {ours_cpu / faiss_cpu:.2f} CPU |")
     print(f"| ratio search / simhash (goal >= 50) | {ours_wall / sim_wall:.0f} wall, {ours_cpu / sim_cpu:.0f} CPU |")
     print(f"| matches ours / faiss (must be equal) | {our_matches:,} / {faiss_matches:,} |")
-    print(f"| table bytes per entry per table, batches of {args.insert_batch:,} (budget 1.5 x 8 = 12) | "
-          f"{stats['table_bytes_per_entry'] / tables:.2f} |")
-    print(f"| table bytes per entry per table, batches of {args.small_insert_batch:,} | "
-          f"{small_stats['table_bytes_per_entry'] / tables:.2f} |")
+    print(
+        f"| table bytes per entry per table, batches of {args.insert_batch:,} (budget 1.5 x 8 = 12) | "
+        f"{stats['table_bytes_per_entry'] / tables:.2f} |"
+    )
+    print(
+        f"| table bytes per entry per table, batches of {args.small_insert_batch:,} | "
+        f"{small_stats['table_bytes_per_entry'] / tables:.2f} |"
+    )
     for batch, batch_stats in ((args.insert_batch, stats), (args.small_insert_batch, small_stats)):
-        print(f"| merged tables only (staged rows, packed at 8 B, left out), batches of {batch:,} (bytes per row) | "
-              f"{_merged_bytes_per_row(batch_stats, tables):.2f} |")
+        print(
+            f"| merged tables only (staged rows, packed at 8 B, left out), batches of {batch:,} (bytes per row) | "
+            f"{_merged_bytes_per_row(batch_stats, tables):.2f} |"
+        )
     print(f"| other bytes per entry (id map, records, fold map, time index) | {stats['other_bytes_per_entry']:.1f} |")
     print(f"| disk in use per entry, all databases | {stats['disk_bytes'] / n:.1f} |")
     for size, timing in growth:
-        print(f"| search at {size:,} entries (queries/s); p50 / p99 per batch (ms) | {timing.rates(q)}; {timing.percentiles()} |")
+        print(
+            f"| search at {size:,} entries (queries/s); p50 / p99 per batch (ms) "
+            f"| {timing.rates(q)}; {timing.percentiles()} |"
+        )
     if args.with_10m:
         _ten_million(args, work, sync, rng)
     return 0 if our_matches == faiss_matches else 1
@@ -155,8 +171,10 @@ def _ten_million(args: argparse.Namespace, work: Path, sync: bool, rng: np.rando
         inserted += _fill(index, ids, fps, filled, checkpoint, args.insert_batch)
         filled = checkpoint
         timing = _timed_batches(index.search, _queries(fps[:filled], args.queries, rng), args.query_batch)
-        print(f"| 10M plan, search at {filled:,} entries (queries/s); p50 / p99 per batch (ms) | "
-              f"{timing.rates(args.queries)}; {timing.percentiles()} |")
+        print(
+            f"| 10M plan, search at {filled:,} entries (queries/s); p50 / p99 per batch (ms) | "
+            f"{timing.rates(args.queries)}; {timing.percentiles()} |"
+        )
     stats = index.stats()
     tables = len(stats["plan"]["key_bits"])
     print(f"| 10M plan insert (fps/s) | {inserted.rates(n)} |")
@@ -247,8 +265,9 @@ def _faiss(fps: np.ndarray) -> tuple[float, Callable[[np.ndarray], object], Call
     index.add(fps.view(np.uint8).reshape(len(fps), 8))
     insert_rate = len(fps) / (time.perf_counter() - began)
 
-    def search(chunk: np.ndarray) -> object:
-        return index.range_search(chunk.view(np.uint8).reshape(len(chunk), 8), RADIUS + 1)
+    def search(chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        limits, distances, labels = index.range_search(chunk.view(np.uint8).reshape(len(chunk), 8), RADIUS + 1)
+        return limits, distances, labels
 
     def matches(queries: np.ndarray) -> int:
         limits, _, _ = search(queries)

@@ -28,9 +28,9 @@ import random
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -64,7 +64,9 @@ def main(options: list[str], settings: Settings) -> int:
     parser.add_argument("--bootstrap", default=None, help="use this broker instead of the local one")
     parser.add_argument("--natural", type=int, default=0, help="run the service alone over N natural documents")
     parser.add_argument("--window", type=int, default=50_000, help="records per window with --natural")
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="bench growth's corpus; assembled if missing")
+    parser.add_argument(
+        "--corpus", type=Path, default=DEFAULT_CORPUS, help="bench growth's corpus; assembled if missing"
+    )
     args = parser.parse_args(options)
 
     broker = None if args.bootstrap else LocalBroker(Path("var") / "kafka")
@@ -82,8 +84,10 @@ def main(options: list[str], settings: Settings) -> int:
 async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -> int:
     texts = _tweets(args.messages, seed=1)
     batch = settings.kafka.batch_max_records
-    print(f"broker {bootstrap}; {args.messages} messages of {np.mean([len(t) for t in texts]):.0f} chars on average; "
-          f"batches of up to {batch} records, one transaction each (both sides)")
+    print(
+        f"broker {bootstrap}; {args.messages} messages of {np.mean([len(t) for t in texts]):.0f} chars on average; "
+        f"batches of up to {batch} records, one transaction each (both sides)"
+    )
 
     # Every topic of this run shares the prefix and is deleted at the end, with the index folder: a local
     # broker that keeps each run's 100k-message topics starts slower every time.
@@ -126,21 +130,38 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
                 )
                 service_steal = steal.percent()
                 rounds.append(
-                    _Round(passthrough, tuned, service, stages, passthrough_steal, service_steal, passthrough_cpu, service_cpu)
+                    _Round(
+                        passthrough,
+                        tuned,
+                        service,
+                        stages,
+                        passthrough_steal,
+                        service_steal,
+                        passthrough_cpu,
+                        service_cpu,
+                    )
                 )
-                print(f"round {number}: passthrough {passthrough:,.0f} msg/s ({tuned:,.0f} at batch GC thresholds), "
-                      f"streamdedup {service:,.0f} msg/s, ratio {service / passthrough:.2f}; host CPU steal "
-                      f"{describe_steal(passthrough_steal)} / {describe_steal(service_steal)}; CPU per message "
-                      f"{_describe_cpu(passthrough_cpu, 'client', workers=False)} / "
-                      f"{_describe_cpu(service_cpu, 'service process', workers=True)}",
-                      flush=True)
+                print(
+                    f"round {number}: passthrough {passthrough:,.0f} msg/s ({tuned:,.0f} at batch GC thresholds), "
+                    f"streamdedup {service:,.0f} msg/s, ratio {service / passthrough:.2f}; host CPU steal "
+                    f"{describe_steal(passthrough_steal)} / {describe_steal(service_steal)}; CPU per message "
+                    f"{_describe_cpu(passthrough_cpu, 'client', workers=False)} / "
+                    f"{_describe_cpu(service_cpu, 'service process', workers=True)}",
+                    flush=True,
+                )
 
             pass_lat = await _latency(
-                bootstrap, latency_in, lat_pass_out, args,
+                bootstrap,
+                latency_in,
+                lat_pass_out,
+                args,
                 lambda stop: _passthrough_loop(settings, bootstrap, latency_in, lat_pass_out, stop, None),
             )
             svc_lat = await _latency(
-                bootstrap, latency_in2, lat_svc_out, args,
+                bootstrap,
+                latency_in2,
+                lat_svc_out,
+                args,
                 lambda stop: _service_loop(settings, bootstrap, latency_in2, lat_svc_out, work / "index-latency", stop),
             )
     finally:
@@ -155,25 +176,38 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
     print()
     print(f"{'':28}{'passthrough':>14}{'streamdedup':>14}{'ratio':>9}")
     print(f"{'throughput (msg/s)':28}{passthrough:14,.0f}{service:14,.0f}{service / passthrough:9.2f}   (goal >= 0.50)")
-    print(f"fastest of {len(rounds)} rounds each; per-round ratios "
-          + ", ".join(f"{ratio:.2f}" for ratio in ratios)
-          + f" (median {float(np.median(ratios)):.2f})")
-    print(f"reference: the passthrough at the service's batch GC thresholds {tuned:,.0f} msg/s; "
-          f"streamdedup / it {service / tuned:.2f}")
-    print(f"host CPU steal (other tenants' share of the cores) in the rounds that counted: passthrough "
-          f"{describe_steal(passthrough_round.passthrough_steal)}, streamdedup {describe_steal(fastest.service_steal)}")
-    passthrough_cpu = float(np.median([_total_cpu(each.passthrough_cpu) for each in rounds]))
-    service_cpu = float(np.median([_total_cpu(each.service_cpu) for each in rounds]))
+    print(
+        f"fastest of {len(rounds)} rounds each; per-round ratios "
+        + ", ".join(f"{ratio:.2f}" for ratio in ratios)
+        + f" (median {float(np.median(ratios)):.2f})"
+    )
+    print(
+        f"reference: the passthrough at the service's batch GC thresholds {tuned:,.0f} msg/s; "
+        f"streamdedup / it {service / tuned:.2f}"
+    )
+    print(
+        f"host CPU steal (other tenants' share of the cores) in the rounds that counted: passthrough "
+        f"{describe_steal(passthrough_round.passthrough_steal)}, streamdedup {describe_steal(fastest.service_steal)}"
+    )
+    passthrough_cpu_us = float(np.median([_total_cpu(each.passthrough_cpu) for each in rounds]))
+    service_cpu_us = float(np.median([_total_cpu(each.service_cpu) for each in rounds]))
     broker = "with" if broker_process is not None else "without (not on this machine)"
-    print(f"{'CPU per message (us)':28}{passthrough_cpu:14.1f}{service_cpu:14.1f}{passthrough_cpu / service_cpu:9.2f}"
-          f"   (median of the rounds, {broker} the broker's)")
+    print(
+        f"{'CPU per message (us)':28}{passthrough_cpu_us:14.1f}{service_cpu_us:14.1f}"
+        f"{passthrough_cpu_us / service_cpu_us:9.2f}"
+        f"   (median of the rounds, {broker} the broker's)"
+    )
     for name, q in (("latency p50 (ms)", 50), ("latency p99 (ms)", 99)):
         a, b = np.percentile(pass_lat, q) * 1000, np.percentile(svc_lat, q) * 1000
         print(f"{name:28}{a:14.1f}{b:14.1f}{b / a:9.2f}")
-    print(f"latency phase: {args.rate} msg/s for {args.latency_seconds:.0f} s; "
-          f"{len(pass_lat)} / {len(svc_lat)} messages measured (the service publishes only novel ones)")
-    print("service, mean ms per batch in its fastest throughput round: "
-          + ", ".join(f"{stage} {1000 * seconds:.1f}" for stage, seconds in stages.items()))
+    print(
+        f"latency phase: {args.rate} msg/s for {args.latency_seconds:.0f} s; "
+        f"{len(pass_lat)} / {len(svc_lat)} messages measured (the service publishes only novel ones)"
+    )
+    print(
+        "service, mean ms per batch in its fastest throughput round: "
+        + ", ".join(f"{stage} {1000 * seconds:.1f}" for stage, seconds in stages.items())
+    )
     return 0
 
 
@@ -184,8 +218,11 @@ async def _natural(settings: Settings, bootstrap: str, corpus: Path, documents: 
     ensure_corpus(corpus)
     lines, _, _ = read_corpus(corpus, documents)
     texts = [orjson.loads(line)["text"] for line in lines]
-    print(f"broker {bootstrap}; {len(texts):,} documents of natural text ({corpus}), "
-          f"{np.mean([len(t) for t in texts]):.0f} chars on average, as a backlog", flush=True)
+    print(
+        f"broker {bootstrap}; {len(texts):,} documents of natural text ({corpus}), "
+        f"{np.mean([len(t) for t in texts]):.0f} chars on average, as a backlog",
+        flush=True,
+    )
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     try:
         with tempfile.TemporaryDirectory(prefix="bench-kafka-natural-") as work:
@@ -380,7 +417,9 @@ async def _passthrough_loop(
         await producer.stop()
 
 
-async def _service_loop(settings: Settings, bootstrap: str, source: str, sink: str, index: Path, stop: asyncio.Event) -> None:
+async def _service_loop(
+    settings: Settings, bootstrap: str, source: str, sink: str, index: Path, stop: asyncio.Event
+) -> None:
     with collecting_for_batches():
         async with DedupService(_service_settings(settings, bootstrap, source, sink, index)):
             await stop.wait()
@@ -416,11 +455,11 @@ async def _latency(
     source: str,
     sink: str,
     args: argparse.Namespace,
-    pipeline: Callable[[asyncio.Event], object],
+    pipeline: Callable[[asyncio.Event], Coroutine[Any, Any, object]],
 ) -> np.ndarray:
     """Produce at a steady rate into ``source`` while ``pipeline`` runs; seconds from produce to ``sink``."""
     stop = asyncio.Event()
-    runner = asyncio.create_task(pipeline(stop))  # type: ignore[arg-type]
+    runner = asyncio.create_task(pipeline(stop))
     reader_stop = asyncio.Event()
     latencies: list[float] = []
     reader = asyncio.create_task(_read_latencies(bootstrap, sink, latencies, reader_stop))

@@ -264,10 +264,10 @@ def _print_table(results: Sequence[PeerResult]) -> None:
         )
     for split in dict.fromkeys(result.split for result in results):
         if split in GOALS:
-            recall, lost, published = GOALS[split]
+            goal_recall, goal_lost, goal_published = GOALS[split]
             print(
-                f"{split:<8} {'goal':<12} {'>=' + _percent(recall):>9} {'<=' + _percent(lost):>9} {'':>13} "
-                f"{'<=' + _percent(published):>9}"
+                f"{split:<8} {'goal':<12} {'>=' + _percent(goal_recall):>9} {'<=' + _percent(goal_lost):>9} {'':>13} "
+                f"{'<=' + _percent(goal_published):>9}"
             )
 
 
@@ -307,7 +307,7 @@ def main(options: list[str], settings: Settings) -> int:
     splits = SPLITS if args.split == "all" else (args.split,)
     stream = load_stream(args.stream) if set(splits) - {NATURAL_SPLIT} else []
     natural = load_natural(args.natural) if NATURAL_SPLIT in splits else None
-    results = []
+    results: list[PeerResult] = []
     with signer_pool(settings) as pool:
         if pool is not None:
             for ready in pool.warm_up():

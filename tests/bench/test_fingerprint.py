@@ -21,8 +21,20 @@ ROWS = (
 
 def test_a_small_bench_prints_every_contestant_and_ratios_of_its_own_rates(capsys: pytest.CaptureFixture[str]) -> None:
     status = main(
-        ["--tweets", "300", "--batch", "100", "--long-docs", "4", "--long-batch", "2", "--peer-sample", "60",
-         "--rounds", "2"],
+        [
+            "--tweets",
+            "300",
+            "--batch",
+            "100",
+            "--long-docs",
+            "4",
+            "--long-batch",
+            "2",
+            "--peer-sample",
+            "60",
+            "--rounds",
+            "2",
+        ],
         Settings(),
     )
     out = capsys.readouterr().out
@@ -49,8 +61,9 @@ def test_a_small_bench_prints_every_contestant_and_ratios_of_its_own_rates(capsy
         # The rates are printed rounded to whole documents: the ratio agrees with them to that precision.
         assert float(printed[1]) == pytest.approx(first / rates[theirs], rel=0.02, abs=0.1)
     assert re.search(r"^10-20 kB documents: +[\d.]+ MB/s \(goal >= 50 MB/s\)$", out, re.MULTILINE)
-    assert re.search(r"^host CPU steal \(other tenants' share of the cores\): (\d+ %|n/a) over all rounds", out,
-                     re.MULTILINE)
+    assert re.search(
+        r"^host CPU steal \(other tenants' share of the cores\): (\d+ %|n/a) over all rounds", out, re.MULTILINE
+    )
 
 
 def test_long_documents_are_packed_to_10_to_20_kb_from_whole_texts() -> None:
@@ -70,7 +83,9 @@ def test_pack_counts_the_newlines_between_texts_only() -> None:
 
 def test_a_corpus_file_may_mix_jsonl_records_and_plain_lines(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text('{"text": "from a record"}\nplain line\n\n{"text": "  "}\n{"id": 3}\n["a list"]\n', encoding="utf-8")
+    corpus.write_text(
+        '{"text": "from a record"}\nplain line\n\n{"text": "  "}\n{"id": 3}\n["a list"]\n', encoding="utf-8"
+    )
     assert _read(corpus) == ["from a record", "plain line"]
 
 

@@ -163,7 +163,9 @@ def _tree(tmp_path: Path) -> Roots:
     (man / "hello.1.gz").write_bytes(gzip.compress(MAN_PAGE.encode()))
     # A Latin-1 translation reads as Latin-1.
     (tmp_path / "man" / "de" / "man1").mkdir(parents=True)
-    (tmp_path / "man" / "de" / "man1" / "hello.1.gz").write_bytes(gzip.compress(".SH NAME\nhello \\- Grüße\n".encode("latin-1")))
+    (tmp_path / "man" / "de" / "man1" / "hello.1.gz").write_bytes(
+        gzip.compress(".SH NAME\nhello \\- Grüße\n".encode("latin-1"))
+    )
     python = tmp_path / "python3.11"
     python.mkdir()
     (python / "greet.py").write_text(PYTHON)
@@ -174,7 +176,11 @@ def test_the_corpus_holds_every_document_of_every_source_once_interleaved(tmp_pa
     roots = _tree(tmp_path)
     per_source = collect(roots)
     assert {source: len(docs) for source, docs in per_source.items()} == {
-        "apt": 4, "changelog": 4, "copyright": 5, "man": 4, "python": 4,
+        "apt": 4,
+        "changelog": 4,
+        "copyright": 5,
+        "man": 4,
+        "python": 4,
     }
     assert per_source["man"][0] == "hello - Grüße"
 
@@ -211,12 +217,25 @@ def _small_corpus(path: Path, documents: int) -> None:
     path.write_bytes(b"".join(orjson.dumps({"id": f"man-{n}", "text": text}) + b"\n" for n, text in enumerate(texts)))
 
 
-def test_the_growth_run_reports_each_window_and_draws_the_chart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_growth_run_reports_each_window_and_draws_the_chart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     corpus = tmp_path / "corpus.jsonl"
     _small_corpus(corpus, 3_000)
     chart = tmp_path / "chart" / "growth.png"
     figures = tmp_path / "growth.json"
-    options = ["--corpus", str(corpus), "--documents", "3000", "--window", "1000", "--chart", str(chart), "--json", str(figures)]
+    options = [
+        "--corpus",
+        str(corpus),
+        "--documents",
+        "3000",
+        "--window",
+        "1000",
+        "--chart",
+        str(chart),
+        "--json",
+        str(figures),
+    ]
     assert main(options, Settings()) == 0
 
     out = capsys.readouterr().out

@@ -17,11 +17,13 @@ OtherTimes = namedtuple("OtherTimes", "user system idle")
 
 
 def test_steal_is_its_share_of_all_cpu_time_with_guest_time_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    samples = iter([
-        LinuxTimes(100.0, 0.0, 20.0, 300.0, 0.0, 0.0, 0.0, 10.0, 5.0, 0.0),
-        # 60 s of user time (20 of it running a guest, counted in user too), 20 system, 20 steal: 100 s elapsed.
-        LinuxTimes(160.0, 0.0, 40.0, 300.0, 0.0, 0.0, 0.0, 30.0, 25.0, 0.0),
-    ])
+    samples = iter(
+        [
+            LinuxTimes(100.0, 0.0, 20.0, 300.0, 0.0, 0.0, 0.0, 10.0, 5.0, 0.0),
+            # 60 s of user time (20 of it running a guest, counted in user too), 20 system, 20 steal: 100 s elapsed.
+            LinuxTimes(160.0, 0.0, 40.0, 300.0, 0.0, 0.0, 0.0, 30.0, 25.0, 0.0),
+        ]
+    )
     monkeypatch.setattr(psutil, "cpu_times", lambda: next(samples))
     assert StealClock().percent() == pytest.approx(20.0)
 
@@ -39,11 +41,13 @@ def test_no_elapsed_tick_gives_no_share(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_a_restart_measures_from_then(monkeypatch: pytest.MonkeyPatch) -> None:
-    samples = iter([
-        LinuxTimes(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
-        LinuxTimes(50.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 50.0, 0.0, 0.0),
-        LinuxTimes(140.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 60.0, 0.0, 0.0),
-    ])
+    samples = iter(
+        [
+            LinuxTimes(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+            LinuxTimes(50.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 50.0, 0.0, 0.0),
+            LinuxTimes(140.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 60.0, 0.0, 0.0),
+        ]
+    )
     monkeypatch.setattr(psutil, "cpu_times", lambda: next(samples))
     clock = StealClock()
     clock.restart()

@@ -20,8 +20,19 @@ def test_a_small_bench_finds_what_faiss_finds_and_prints_every_ratio(
     tmp_path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     status = main(
-        ["--entries", "20000", "--queries", "4096", "--simhash-queries", "200", "--rounds", "2", "--no-sync",
-         "--dir", str(tmp_path)],
+        [
+            "--entries",
+            "20000",
+            "--queries",
+            "4096",
+            "--simhash-queries",
+            "200",
+            "--rounds",
+            "2",
+            "--no-sync",
+            "--dir",
+            str(tmp_path),
+        ],
         Settings(),
     )
     out = capsys.readouterr().out

@@ -34,7 +34,12 @@ def test_other_missing_modules_are_not_blamed_on_the_extra(monkeypatch: pytest.M
     ("argv", "options", "root", "aiokafka"),
     [
         (["bench", "kafka", "--messages", "10"], ["--messages", "10"], logging.WARNING, logging.WARNING),
-        (["bench", "kafka", "--messages", "10", "--log-level", "info"], ["--messages", "10"], logging.INFO, logging.NOTSET),
+        (
+            ["bench", "kafka", "--messages", "10", "--log-level", "info"],
+            ["--messages", "10"],
+            logging.INFO,
+            logging.NOTSET,
+        ),
         (["bench", "--log-level", "DEBUG", "kafka"], [], logging.DEBUG, logging.NOTSET),
     ],
 )

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 from pathlib import Path
@@ -23,7 +24,18 @@ def test_bench_reports_both_sides_and_deletes_its_topics(
 ):
     caplog.set_level(logging.WARNING)
     before = asyncio.run(_topics(kafka_bootstrap))
-    options = ["--messages", "1500", "--rate", "300", "--latency-seconds", "1", "--rounds", "2", "--bootstrap", kafka_bootstrap]
+    options = [
+        "--messages",
+        "1500",
+        "--rate",
+        "300",
+        "--latency-seconds",
+        "1",
+        "--rounds",
+        "2",
+        "--bootstrap",
+        kafka_bootstrap,
+    ]
     assert main(options, Settings()) == 0
     out = capsys.readouterr().out
     throughput = re.search(r"throughput \(msg/s\)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)", out)
@@ -64,7 +76,9 @@ def test_bench_reports_both_sides_and_deletes_its_topics(
         assert client > 0 and workers > 0 and loop > 0
         assert client_total == pytest.approx(client + client_broker, abs=0.11)
         assert service_total == pytest.approx(loop + workers + service_broker, abs=0.11)
-    cpu = re.search(r"CPU per message \(us\)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+\(median of the rounds, with the broker's\)", out)
+    cpu = re.search(
+        r"CPU per message \(us\)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+\(median of the rounds, with the broker's\)", out
+    )
     assert cpu, out
     client_cpu, service_cpu, cpu_ratio = map(float, cpu.groups())
     # The median of two rounds is their mean.
@@ -94,7 +108,7 @@ def test_natural_text_through_the_service_reports_each_window(
     assert [int(number) for number, _, _ in windows] == list(range(1, len(windows) + 1))
     consumed = [int(count.replace(",", "")) for _, _, count in windows]
     # Each window ends once 1,000 more are consumed (a batch may overshoot it), the last at the end.
-    assert consumed[-1] == 3000 and all(later - earlier >= 1000 for earlier, later in zip(consumed, consumed[1:-1]))
+    assert consumed[-1] == 3000 and all(later - earlier >= 1000 for earlier, later in itertools.pairwise(consumed))
     rates = [float(rate.replace(",", "")) for _, rate, _ in windows]
     assert all(rate > 0 for rate in rates)
     ratio = re.search(r"^last window / first window msg/s: ([\d.]+)$", out, re.MULTILINE)
