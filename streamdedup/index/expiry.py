@@ -72,7 +72,13 @@ class Expiry:
                     keep = members[limit - taken :]
                     members = members[: limit - taken]
                     breaks = np.flatnonzero(np.diff(keep) != 1) + 1
-                    rest = np.stack([keep[np.concatenate([[0], breaks])], keep[np.concatenate([breaks - 1, [len(keep) - 1]])] + np.uint64(1)], axis=1)
+                    rest = np.stack(
+                        [
+                            keep[np.concatenate([[0], breaks])],
+                            keep[np.concatenate([breaks - 1, [len(keep) - 1]])] + np.uint64(1),
+                        ],
+                        axis=1,
+                    )
                     cursor.put(key, rest.astype(U64).tobytes())
                     moved = False
                 else:
@@ -126,7 +132,9 @@ class Expiry:
         survivor_rows = np.frombuffer(survivors, dtype=np.uint8).reshape(-1, 16)
         survivor_seqs = survivor_rows[:, 8:].copy().view(U64).astype(np.uint64).ravel()
         if len(survivor_seqs):
-            survivor_keys, survivor_values, _ = table_rows(self.fmt.plan, self.lookup.records(txn, survivor_seqs).fingerprints)
+            survivor_keys, survivor_values, _ = table_rows(
+                self.fmt.plan, self.lookup.records(txn, survivor_seqs).fingerprints
+            )
         for table, stored_table in enumerate(self.store.tables):
             doomed_keys, doomed_values = keys[table], values[table]
             if len(survivor_seqs):
@@ -142,7 +150,9 @@ class Expiry:
         the tables, so that their sweeps fall on different batches): a sweep then reads at most three rows and
         writes at most one per removal."""
         unswept = int(self.store.unswept(txn)[table])
-        return unswept * len(self.store.tables) >= max(self.store.counter(txn, META_COUNT), 1) * (len(self.store.tables) + table)
+        return unswept * len(self.store.tables) >= max(self.store.counter(txn, META_COUNT), 1) * (
+            len(self.store.tables) + table
+        )
 
     def sweep(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Rewrite an entry-valued table with its stored rows and these (its staged rows and a batch's, keys
@@ -151,7 +161,9 @@ class Expiry:
         stored_table = self.store.tables[table]
         mirror = self.cached.table_mirror(txn)
         mirrored = mirror.tables[table] if mirror is not None else None
-        stored_keys, stored_values = (mirrored.keys, mirrored.values) if mirrored is not None else stored_table.rows(txn)
+        stored_keys, stored_values = (
+            (mirrored.keys, mirrored.values) if mirrored is not None else stored_table.rows(txn)
+        )
         keys, values = np.concatenate([stored_keys, keys]), np.concatenate([stored_values, values])
         with txn.cursor(self.store.entries) as cursor:
             live = np.frombuffer(b"".join(cursor.iternext(keys=True, values=False)), dtype=U64).astype(np.uint64)
@@ -186,7 +198,6 @@ class Expiry:
         self.store.put_source_offsets(txn, offsets)
         return removed
 
-
     def _doomed(self, txn: Any, targets: Mapping[tuple[int, int], int]) -> np.ndarray:
         """Entry keys of the entries whose origin is at or past its partition's target offset."""
         doomed = []
@@ -216,7 +227,9 @@ class Expiry:
         heads = np.concatenate([heads, record.heads[record.seqs >= np.uint64(record.first_seq)]])
         if not len(heads):
             return False
-        for topic, partition, offset in zip(heads["topic"].tolist(), heads["partition"].tolist(), heads["offset"].tolist()):
+        for topic, partition, offset in zip(
+            heads["topic"].tolist(), heads["partition"].tolist(), heads["offset"].tolist(), strict=True
+        ):
             target = targets.get((topic, partition)) if topic != NO_TOPIC else None
             if target is None or offset < target:
                 return False
@@ -226,7 +239,12 @@ class Expiry:
         """Remove a batch's entries and put back what it changed; returns how many of its entries were stored."""
         removed = self.remove(txn, added, None)
         older = record.seqs < np.uint64(record.first_seq)
-        self._restore(txn, record.seqs[older], record.heads[older], [i for i, old in zip(record.ids, older.tolist()) if old])
+        self._restore(
+            txn,
+            record.seqs[older],
+            record.heads[older],
+            [i for i, old in zip(record.ids, older.tolist(), strict=True) if old],
+        )
         tables, row_keys, row_values = record.rows
         for table in np.unique(tables).tolist():
             mine = tables == table
@@ -257,14 +275,20 @@ class Expiry:
             return
         seq_keys = seq_bytes(seqs)
         with txn.cursor(self.store.entries) as cursor:
-            cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads.view(f"V{self.fmt.record.itemsize}").tolist(), id_bytes)))
+            cursor.putmulti(
+                zip(
+                    seq_keys,
+                    map(bytes.__add__, heads.view(f"V{self.fmt.record.itemsize}").tolist(), id_bytes),
+                    strict=True,
+                )
+            )
         with txn.cursor(self.store.ids) as cursor:
-            cursor.putmulti(zip(keys_of_ids(id_bytes), seq_keys))
+            cursor.putmulti(zip(keys_of_ids(id_bytes), seq_keys, strict=True))
         with_origin = heads["topic"] != NO_TOPIC
         with txn.cursor(self.store.origins) as cursor:
-            cursor.putmulti(zip(origin_keys(heads[with_origin]), compress(seq_keys, with_origin.tolist())))
+            cursor.putmulti(zip(origin_keys(heads[with_origin]), compress(seq_keys, with_origin.tolist()), strict=True))
         keys, _, folds = table_rows(self.fmt.plan, heads["fp"].reshape(len(heads), self.fmt.words).astype(np.uint64))
         if not self.fmt.entry_valued:
             with txn.cursor(self.store.folds) as cursor:
-                cursor.putmulti(zip(seq_bytes(folds), seq_keys))
+                cursor.putmulti(zip(seq_bytes(folds), seq_keys, strict=True))
         self.cached.keys_added(txn, keys)

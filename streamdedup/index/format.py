@@ -106,7 +106,12 @@ class IndexFormat:
         return opened
 
     def check_compatible(
-        self, path: Path, bits: int | None, radius: int | None, payload_bytes: int | None, plan: IndexPlan | None,
+        self,
+        path: Path,
+        bits: int | None,
+        radius: int | None,
+        payload_bytes: int | None,
+        plan: IndexPlan | None,
         signing: str | None,
     ) -> None:
         stored = self.plan

@@ -56,9 +56,8 @@ class EntryRecords:
         rows = self.origin_rows
         return [
             None if t == NO_TOPIC else (self.topic_names[t], p, o)
-            for t, p, o in zip(rows["topic"].tolist(), rows["partition"].tolist(), rows["offset"].tolist())
+            for t, p, o in zip(rows["topic"].tolist(), rows["partition"].tolist(), rows["offset"].tolist(), strict=True)
         ]
-
 
     def origin(self, row: int) -> tuple[str, int, int] | None:
         """One entry's (topic, partition, offset), None when stored without one."""
@@ -79,7 +78,10 @@ class Lookup:
         if fps.ndim == 1 and self.fmt.words == 1:
             fps = fps.reshape(-1, 1)
         if fps.ndim != 2 or fps.shape[1] != self.fmt.words:
-            raise ValueError(f"fingerprints must have shape (n, {self.fmt.words}) for {self.fmt.plan.bits}-bit index, got {fps.shape}")
+            raise ValueError(
+                f"fingerprints must have shape (n, {self.fmt.words}) for {self.fmt.plan.bits}-bit index, "
+                f"got {fps.shape}"
+            )
         if fps.dtype != np.uint64:
             raise ValueError(f"fingerprints must be uint64, got {fps.dtype}")
         return np.ascontiguousarray(fps)
@@ -128,7 +130,9 @@ class Lookup:
                 continue
             table_probed = probed[low:high]
             mirrored = mirror.tables[table] if mirror is not None else None
-            owners, stored = mirrored.read(table_probed) if mirrored is not None else stored_table.read(txn, table_probed)
+            owners, stored = (
+                mirrored.read(table_probed) if mirrored is not None else stored_table.read(txn, table_probed)
+            )
             if len(owners):
                 found_probes.append(low + owners)
                 found_values.append(stored)
@@ -264,12 +268,14 @@ class Lookup:
     def grouped(self, n: int, result: SearchResult, records: EntryRecords) -> list[list[tuple[str, int]]]:
         slot = np.searchsorted(records.entries, result.entries)
         out: list[list[tuple[str, int]]] = [[] for _ in range(n)]
-        for row, s, distance in zip(result.rows.tolist(), slot.tolist(), result.distances.tolist()):
+        for row, s, distance in zip(result.rows.tolist(), slot.tolist(), result.distances.tolist(), strict=True):
             out[row].append((records.ids[s], distance))
         return out
 
 
-def _group_expand(unique_keys: np.ndarray, inverse: np.ndarray, found_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _group_expand(
+    unique_keys: np.ndarray, inverse: np.ndarray, found_keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Join queries to found rows sharing their key, without Python loops.
 
     ``unique_keys`` are the sorted distinct query keys, ``inverse`` maps each query to its key, and

@@ -137,9 +137,19 @@ class SegmentIndex:
         try:
             meta = open_db(self.env, names.INDEX_DB_META, readonly=readonly)
             self.fmt = fmt = IndexFormat.opened(
-                self.env, self._read, meta, self.path, readonly=readonly, bits=bits, radius=radius,
-                expected_entries=expected_entries, payload_bytes=payload_bytes, plan=plan, max_tables=max_tables,
-                time_bucket=time_bucket, signing=signing,
+                self.env,
+                self._read,
+                meta,
+                self.path,
+                readonly=readonly,
+                bits=bits,
+                radius=radius,
+                expected_entries=expected_entries,
+                payload_bytes=payload_bytes,
+                plan=plan,
+                max_tables=max_tables,
+                time_bucket=time_bucket,
+                signing=signing,
             )
             self.plan = fmt.plan
             self.payload_bytes = fmt.payload_bytes
@@ -155,8 +165,16 @@ class SegmentIndex:
 
     @classmethod
     def from_settings(
-        cls, settings: IndexSettings, *, bits: int | None, payload_bytes: int | None, path: str | os.PathLike[str] | None = None,
-        readonly: bool = False, segments: int = 1, signing: str | None = None, key_capacity: int | None = None,
+        cls,
+        settings: IndexSettings,
+        *,
+        bits: int | None,
+        payload_bytes: int | None,
+        path: str | os.PathLike[str] | None = None,
+        readonly: bool = False,
+        segments: int = 1,
+        signing: str | None = None,
+        key_capacity: int | None = None,
     ) -> SegmentIndex:
         """The index an ``index:`` config section describes (at ``settings.path`` unless ``path`` is given);
         ``segments`` > 1 (a segmented fingerprint) takes one table per segment. ``signing`` names how fingerprints
@@ -198,8 +216,14 @@ class SegmentIndex:
         self._undo = undo = UndoRecords(store)
         self._expiry = expiry = Expiry(store, cached, lookup, staging, undo)
         self._writes = Writes(
-            store, cached, staging, expiry, undo,
-            max_age=self.max_age, max_entries=self.max_entries, key_capacity=self.key_capacity,
+            store,
+            cached,
+            staging,
+            expiry,
+            undo,
+            max_age=self.max_age,
+            max_entries=self.max_entries,
+            key_capacity=self.key_capacity,
         )
 
     # ----------------------------------------------------------------- transactions
@@ -280,16 +304,6 @@ class SegmentIndex:
             if records is None:
                 records = self._lookup.records(txn, result.entries)
         return result, reordered(records, np.searchsorted(records.entries, result.entries))
-
-    def entries(self, keys: np.ndarray) -> EntryRecords:
-        """Ids, fingerprints, times, payloads and origins of entry keys from ``search``, in bulk."""
-        keys = np.asarray(keys, dtype=np.uint64)
-        with self._read() as txn:
-            records = self._lookup.records(txn, keys)
-        slot = np.searchsorted(records.entries, keys)
-        present = slot < len(records.entries)
-        present[present] = records.entries[slot[present]] == keys[present]
-        return reordered(records, slot[present])
 
     def entries_with_ids(self, ids: Sequence[str]) -> tuple[np.ndarray, EntryRecords]:
         """The stored entries of these ids: the position in ``ids`` of each one found (ascending), and its
@@ -391,7 +405,7 @@ class SegmentIndex:
         with self._read() as txn:
             return self._store.counter(txn, META_COUNT)
 
-    def disk_bytes(self) -> dict[str, int]:
+    def _disk_bytes(self) -> dict[str, int]:
         """Bytes in use per database, from LMDB's own page counts (not the sparse file size)."""
         out = {}
         with self._read() as txn:
@@ -411,14 +425,14 @@ class SegmentIndex:
         records = 0 if mirror is None else len(mirror.records) * MIRROR_RECORD_BYTES
         return {
             "entries": count,
-            "disk_bytes": sum(self.disk_bytes().values()),
+            "disk_bytes": sum(self._disk_bytes().values()),
             "map_size": self.env.info()["map_size"],
             "mirrored_tables": len(mirrored),
             "mirror_bytes": sum(rows.nbytes for rows in mirrored) + records,
         }
 
     def stats(self) -> dict[str, Any]:
-        disk = self.disk_bytes()
+        disk = self._disk_bytes()
         with self._read() as txn:
             count = self._store.counter(txn, META_COUNT)
             clock = self._store.clock(txn)
@@ -502,7 +516,6 @@ class SegmentIndex:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
 
 
 @contextmanager

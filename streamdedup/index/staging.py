@@ -56,7 +56,9 @@ class Staging:
         self.unstage(txn, table)
         if kept.any():
             rows = staged[table]
-            txn.put(_staged_key(table, 0), self.store.tables[table].join_rows(rows.keys, rows.values), db=self.store.staged)
+            txn.put(
+                _staged_key(table, 0), self.store.tables[table].join_rows(rows.keys, rows.values), db=self.store.staged
+            )
 
     def rows_present(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows among these that ``table`` holds, merged or staged."""

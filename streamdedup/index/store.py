@@ -16,7 +16,17 @@ from .format import IndexFormat
 from .table import BIG_ENDIAN_U64 as U64
 from .table import DuplicateRows, PackedBuckets, table_class
 
-__all__ = ["MAX_ID_KEY_BYTES", "NO_TOPIC", "U64", "Store", "bucket_start", "keys_of_ids", "orderable_time", "origin_keys", "seq_bytes"]
+__all__ = [
+    "MAX_ID_KEY_BYTES",
+    "NO_TOPIC",
+    "U64",
+    "Store",
+    "bucket_start",
+    "keys_of_ids",
+    "orderable_time",
+    "origin_keys",
+    "seq_bytes",
+]
 
 NO_TOPIC = 0xFFFFFFFF
 MAX_ID_KEY_BYTES = 480  # LMDB keys stop at 511 bytes; longer ids are keyed by their BLAKE2b digest.
@@ -158,7 +168,9 @@ def seq_bytes(seqs: np.ndarray) -> list[bytes]:
 def keys_of_ids(id_bytes: list[bytes]) -> list[bytes]:
     if max(map(len, id_bytes), default=0) <= MAX_ID_KEY_BYTES:
         return id_bytes
-    return [b if len(b) <= MAX_ID_KEY_BYTES else b"\xff#" + hashlib.blake2b(b, digest_size=32).digest() for b in id_bytes]
+    return [
+        b if len(b) <= MAX_ID_KEY_BYTES else b"\xff#" + hashlib.blake2b(b, digest_size=32).digest() for b in id_bytes
+    ]
 
 
 def origin_keys(head: np.ndarray) -> list[bytes]:

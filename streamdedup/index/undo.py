@@ -57,7 +57,9 @@ class Undo:
             "time_present": np.array([v is not None for v in values], dtype=bool),
             "time_lengths": np.array([len(v or b"") for v in values], dtype=np.int64),
             "time_values": np.frombuffer(b"".join(v or b"" for v in values), dtype=np.uint8),
-            "row_tables": np.concatenate([np.full(len(k), t, np.int64) for t, k, _ in rows]) if rows else np.zeros(0, np.int64),
+            "row_tables": np.concatenate([np.full(len(k), t, np.int64) for t, k, _ in rows])
+            if rows
+            else np.zeros(0, np.int64),
             "row_keys": np.concatenate([k for _, k, _ in rows]).astype(np.uint64) if rows else np.zeros(0, np.uint64),
             "row_values": np.concatenate([v for _, _, v in rows]).astype(np.uint64) if rows else np.zeros(0, np.uint64),
         }
@@ -87,12 +89,15 @@ class UndoRecord:
         first_seq, count = a["header"].tolist()
         has_clock, has_window = a["has_clock"].tolist()
         ids_buffer, id_stops = a["ids"].tobytes(), np.cumsum(a["id_lengths"]).tolist()
-        ids = [ids_buffer[low:high] for low, high in zip([0, *id_stops[:-1]], id_stops)]
+        # Starts and stops pair up (strict=False: with none stored, the start [0] pairs with nothing).
+        ids = [ids_buffer[low:high] for low, high in zip([0, *id_stops[:-1]], id_stops, strict=False)]
         key_buffer, values_buffer = a["time_keys"].tobytes(), a["time_values"].tobytes()
         value_stops = np.cumsum(a["time_lengths"]).tolist()
         times = [
             (key_buffer[16 * i : 16 * i + 16], values_buffer[low:high] if present else None)
-            for i, (present, low, high) in enumerate(zip(a["time_present"].tolist(), [0, *value_stops[:-1]], value_stops))
+            for i, (present, low, high) in enumerate(
+                zip(a["time_present"].tolist(), [0, *value_stops[:-1]], value_stops, strict=False)
+            )
         ]
         return cls(
             first_seq,

@@ -80,7 +80,9 @@ class Batch:
             bad = [i for i, x in enumerate(ids) if x.encode(errors="replace").decode() != x]
             raise ValueError(f"ids must be valid Unicode; rows {bad[:10]} hold lone surrogates") from None
         if n and min(map(len, id_bytes)) == 0:
-            raise ValueError(f"ids must be non-empty; rows {[i for i, b in enumerate(id_bytes) if not b][:10]} are empty")
+            raise ValueError(
+                f"ids must be non-empty; rows {[i for i, b in enumerate(id_bytes) if not b][:10]} are empty"
+            )
         if times is None:
             times = np.full(n, wallclock.time())
         times = np.asarray(times, dtype=np.float64).reshape(-1)
@@ -124,8 +126,16 @@ class Writes:
     """Stores batches in one store."""
 
     def __init__(
-        self, store: Store, cached: Cached, staging: Staging, expiry: Expiry, undo: UndoRecords,
-        *, max_age: float | None, max_entries: int | None, key_capacity: int | None,
+        self,
+        store: Store,
+        cached: Cached,
+        staging: Staging,
+        expiry: Expiry,
+        undo: UndoRecords,
+        *,
+        max_age: float | None,
+        max_entries: int | None,
+        key_capacity: int | None,
     ) -> None:
         self.store = store
         self.fmt = store.fmt
@@ -152,12 +162,18 @@ class Writes:
                 self.store.counter(txn, META_COUNT),
                 txn.get(META_CLOCK, db=self.store.meta),
                 txn.get(META_CLOCK_WINDOW, db=self.store.meta),
-                [], [], [], {}, [],
+                [],
+                [],
+                [],
+                {},
+                [],
             )
             with txn.cursor(self.store.ids) as cursor:
                 existing = cursor.getmulti(id_keys)
             if existing:
-                self.expiry.remove(txn, np.frombuffer(b"".join(v for _, v in existing), dtype=U64).astype(np.uint64), undo)
+                self.expiry.remove(
+                    txn, np.frombuffer(b"".join(v for _, v in existing), dtype=U64).astype(np.uint64), undo
+                )
             self._insert(txn, batch, id_keys, undo)
             window = np.concatenate([self.store.clock_window(txn), batch.times])[-CLOCK_WINDOW:]
             txn.put(META_CLOCK_WINDOW, window.tobytes(), db=self.store.meta)
@@ -197,18 +213,18 @@ class Writes:
             if missing:
                 kept = [i for i, origin in enumerate(origins) if origin is not None]
                 rows, present, present_keys = np.array(kept), [origins[i] for i in kept], [seq_keys[i] for i in kept]
-            topics, partitions, offsets = zip(*present)
+            topics, partitions, offsets = zip(*present, strict=True)
             topic_ids = self.store.topic_ids(txn, topics)
             head["topic"][rows] = topic_ids[topics[0]] if len(topic_ids) == 1 else [topic_ids[t] for t in topics]
             head["partition"][rows] = partitions
             head["offset"][rows] = offsets
             with txn.cursor(self.store.origins) as cursor:
-                cursor.putmulti(zip(origin_keys(head[rows]), present_keys))
+                cursor.putmulti(zip(origin_keys(head[rows]), present_keys, strict=True))
         heads = head.view(f"V{self.fmt.record.itemsize}").tolist()
         with txn.cursor(self.store.entries) as cursor:
-            cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads, batch.id_bytes)), append=True)
+            cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads, batch.id_bytes), strict=True), append=True)
         with txn.cursor(self.store.ids) as cursor:
-            cursor.putmulti(zip(id_keys, seq_keys))
+            cursor.putmulti(zip(id_keys, seq_keys, strict=True))
         batch_keys = batch.keys
         self.cached.keys_added(txn, batch_keys.keys)
         if not self.fmt.entry_valued:
@@ -216,7 +232,7 @@ class Writes:
             # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
             order = np.argsort(folds)
             with txn.cursor(self.store.folds) as cursor:
-                cursor.putmulti(zip(seq_bytes(folds[order]), seq_bytes(seqs[order])))
+                cursor.putmulti(zip(seq_bytes(folds[order]), seq_bytes(seqs[order]), strict=True))
         # Rows are staged; one table in turn takes its staged rows and this batch's (see the module docstring).
         merged = self.store.counter(txn, META_NEXT_MERGE) % len(self.store.tables)
         for table in range(len(self.store.tables)):
@@ -227,7 +243,9 @@ class Writes:
                 keys, values = keys[wanted], values[wanted]
             if self.key_capacity is not None:
                 keys, values = self._within_capacity(txn, table, keys, values)
-            if table == merged and self.store.tables[table].merge_due(txn, len(self.cached.staged(txn)[table]) + len(keys)):
+            if table == merged and self.store.tables[table].merge_due(
+                txn, len(self.cached.staged(txn)[table]) + len(keys)
+            ):
                 self._merge(txn, table, keys, values)
             else:
                 self.staging.stage(txn, table, first_seq, keys, values)
@@ -263,7 +281,9 @@ class Writes:
             staged[table] = staged[table].emptied()
             self.cached.staged_changed()
 
-    def _within_capacity(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _within_capacity(
+        self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The rows (``keys`` ascending, each key's rows in stream order) whose key still has room: the first of
         them up to ``key_capacity`` rows of that key, counting those stored or staged (a removed entry's row
         counts until its table's sweep). A hot key keeps its first documents and takes no more."""

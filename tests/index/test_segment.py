@@ -102,7 +102,7 @@ def test_exact_plans_return_exactly_the_brute_force_answer(
             flat = index.search(queries)
             assert flat.rows.tolist() == [row for row, hits in enumerate(expected) for _ in hits]
             assert flat.distances.tolist() == [d for hits in expected for _, d in hits]
-            assert index.entries(flat.entries).ids == [i for hits in expected for i, _ in hits]
+            assert index.search_entries(queries)[1].ids == [i for hits in expected for i, _ in hits]
             earlier, later, distances = table_keys(index.plan, stored).pairs(stored)
             pairs = np.bitwise_count(stored[:, None, :] ^ stored[None, :, :]).sum(axis=2)
             first, second = np.nonzero(np.triu(pairs <= radius, k=1))
@@ -246,8 +246,7 @@ def test_origins_source_offsets_and_rollback(tmp_path: Path) -> None:
         index.add([f"o{i}" for i in range(10)], fps, origins=origins, payloads=[bytes([i] * 4) for i in range(10)],
                   times=np.arange(10.0), source_offsets={("in", 0): 109, ("in", 1): 110})
         assert index.source_offsets() == {("in", 0): 109, ("in", 1): 110}
-        found = index.search(fps[[3, 8]])
-        records = index.entries(found.entries)
+        _, records = index.search_entries(fps[[3, 8]])
         assert records.ids == ["o3", "o8"]
         assert records.origins == [("in", 1, 103), ("in", 0, 108)]
         assert records.payloads.tolist() == [[3] * 4, [8] * 4]
@@ -266,7 +265,7 @@ def test_origins_of_several_topics_and_none_in_one_batch(tmp_path: Path) -> None
     origins = [("a", 0, 10), None, ("b", 2, 20), ("a", 1, 11), None, ("b", 2, 21)]
     with SegmentIndex(tmp_path, 64, 3, expected_entries=1000) as index:
         index.add([f"m{i}" for i in range(6)], fps, origins=origins)
-        assert index.entries(index.search(fps).entries).origins == origins
+        assert index.search_entries(fps)[1].origins == origins
         # Rolling topic b back from offset 21 removes exactly its last entry.
         assert index.rollback({("b", 2): 21}) == 1
         assert sorted(i for hits in index.query(fps) for i, _ in hits) == ["m0", "m1", "m2", "m3", "m4"]
