@@ -56,7 +56,7 @@ from streamdedup.names import (
     HEADER_SOURCE_PARTITION,
     HEADER_SOURCE_TOPIC,
 )
-from streamdedup.service import DedupService
+from streamdedup.service import DedupService, dedup_service, signer_supervisor
 from streamdedup.settings import Settings, load_settings
 from streamdedup.signature import Signatures, SignerPool
 from tests.conftest import (
@@ -498,7 +498,7 @@ async def test_an_id_with_a_lone_surrogate_is_dead_lettered_and_the_stream_goes_
 @pytest.fixture
 def expiry_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The service expires its index before every batch, not every few seconds."""
-    monkeypatch.setattr("streamdedup.service._INDEX_STATS_INTERVAL_SECONDS", 0.0)
+    monkeypatch.setattr("streamdedup.service.batch_pipeline._INDEX_STATS_INTERVAL_SECONDS", 0.0)
 
 
 @pytest.mark.usefixtures("expiry_every_batch")
@@ -588,7 +588,7 @@ async def test_records_that_raise_or_cannot_be_parsed_are_dead_lettered_and_the_
 ) -> None:
     # Each of these stopped `streamdedup run`, and again after every restart: the partition was stuck for good.
     plant_signing_bug(monkeypatch, "poisonword", "a bug this text sets off")
-    monkeypatch.setattr(service_module, "_DEAD_LETTER_LOG_SECONDS", 3600.0)
+    monkeypatch.setattr(dedup_service, "_DEAD_LETTER_LOG_SECONDS", 3600.0)
     now = int(time.time())
 
     def doc(text: str) -> bytes:
@@ -1068,7 +1068,7 @@ async def test_a_dead_signing_worker_is_replaced_and_a_refused_start_is_retried_
             self.texts += len(texts)
             return super().submit(texts)
 
-    monkeypatch.setattr(service_module, "SignerPool", CountingSignerPool)
+    monkeypatch.setattr(signer_supervisor, "SignerPool", CountingSignerPool)
     caplog.set_level(logging.INFO, logger=service_module.__name__)
     stream = synthetic_stream(3000, seed=31)
     settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=100))
@@ -1115,7 +1115,7 @@ async def test_a_decision_process_killed_while_the_input_is_idle_is_replaced_wit
             super().__init__(*args, **kwargs)
             processes.append(self)
 
-    monkeypatch.setattr(service_module, "DecisionProcess", RecordedDecisionProcess)
+    monkeypatch.setattr(dedup_service, "DecisionProcess", RecordedDecisionProcess)
     caplog.set_level(logging.INFO, logger=service_module.__name__)
     stream = synthetic_stream(2000, seed=37)
     config = overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=100)
