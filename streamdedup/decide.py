@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import pairwise, repeat
 from pathlib import Path
 from typing import Literal, NamedTuple, overload
 
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 Reason = Literal["novel", "exact", "near", "redelivered", "unindexable"]
 
 # What no single document is to blame for: such errors fail the batch, whose documents then wait for a retry.
-_BATCH_ERRORS = (*STORAGE_ERRORS, MemoryError)
+_BATCH_ERRORS: tuple[type[BaseException], ...] = (*STORAGE_ERRORS, MemoryError)
 
 
 class Verdict(NamedTuple):
@@ -115,7 +115,7 @@ class Verdicts(Sequence[Verdict]):
                 self.jaccards[low:high],
                 self.errors[low:high],
             )
-            for low, high in zip(bounds[:-1], bounds[1:])
+            for low, high in pairwise(bounds)
         ]
 
     def __iter__(self) -> Iterator[Verdict]:
@@ -163,7 +163,6 @@ def open_index(settings: Settings, path: Path, *, durable: bool = True) -> Segme
         signing=signing_id(settings.fingerprint, settings.dedup),
         key_capacity=settings.dedup.key_capacity,
     )
-
 
 
 class Deduplicator:
@@ -237,7 +236,9 @@ class Deduplicator:
         if source_offsets:
             self.index.add([], signatures.fingerprints[:0], source_offsets=source_offsets)
         reason = f"not decided: {type(error).__name__}: {error}"
-        return Verdicts(np.ones(1, dtype=bool), ["unindexable"], signatures.fingerprints, [None], [None], [None], (reason,))
+        return Verdicts(
+            np.ones(1, dtype=bool), ["unindexable"], signatures.fingerprints, [None], [None], [None], (reason,)
+        )
 
     def _decide(
         self, docs: Sequence[Document], source_offsets: Mapping[tuple[str, int], int] | None, signatures: Signatures
@@ -266,6 +267,7 @@ class Deduplicator:
             # Only first copies were candidates, which is exact while no later copy is kept: here one is.
             matches = dict(stored)
             every_pair = self.signer.keyed(signatures, every_pair=True).pairs
+            assert every_pair is not None
             by_id = set(redelivered) | self._resolve_within_batch(ids, times, every_pair, matches, repeats)
 
         duplicate = np.zeros(len(docs), dtype=bool)
@@ -278,12 +280,16 @@ class Deduplicator:
             [ids[row] for row in keep],
             fps[keep],
             times=times[keep],
-            payloads=np.ascontiguousarray(sketches[keep]).view(np.uint8).reshape(len(keep), sketches.shape[1] * sketches.itemsize),
-            origins=[docs[row].origin for row in keep],
+            payloads=np.ascontiguousarray(sketches[keep])
+            .view(np.uint8)
+            .reshape(len(keep), sketches.shape[1] * sketches.itemsize),
+            origins=[origins[row] for row in keep],
             source_offsets=source_offsets,
             keys=keys.subset(keep),
         )
-        self.last_timings = BatchTimings(fingerprinted - started, looked_up - fingerprinted, time.perf_counter() - looked_up)
+        self.last_timings = BatchTimings(
+            fingerprinted - started, looked_up - fingerprinted, time.perf_counter() - looked_up
+        )
         return verdicts
 
     def _verdicts(
@@ -399,7 +405,9 @@ class Deduplicator:
         none = np.zeros(len(ids), dtype=np.int64)
         if not len(rows) or not len(self.index):
             return {}, none
-        found, records = self.index.search_entries(fps[rows], keys=keys.subset(rows), max_candidates=self._max_candidates)
+        found, records = self.index.search_entries(
+            fps[rows], keys=keys.subset(rows), max_candidates=self._max_candidates
+        )
         if not len(found):
             return {}, none
         query = rows[found.rows]

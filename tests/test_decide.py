@@ -69,7 +69,13 @@ def test_a_batch_of_verdicts_reads_as_columns_and_as_rows(settings: Settings, tm
 
 
 def test_verdicts_split_into_the_parts_they_were_joined_from(settings: Settings, tmp_path: Path) -> None:
-    texts = [BASE, BASE.replace("lazy", "sleepy"), "https://example.com/only-a-link", BASE + " again", "other words here"]
+    texts = [
+        BASE,
+        BASE.replace("lazy", "sleepy"),
+        "https://example.com/only-a-link",
+        BASE + " again",
+        "other words here",
+    ]
     with open_index(settings, tmp_path / "idx") as index:
         verdicts = Deduplicator(settings, index).decide(docs(texts))
     parts = verdicts.split([2, 0, 3])
@@ -95,7 +101,7 @@ def test_verdicts_do_not_depend_on_batch_boundaries(settings: Settings, tmp_path
     whole = run(settings, tmp_path / "whole", [documents])
     rng = random.Random(7)
     cuts = sorted(rng.sample(range(1, len(documents)), 40))
-    pieces = [documents[a:b] for a, b in zip([0, *cuts], [*cuts, len(documents)])]
+    pieces = [documents[a:b] for a, b in zip([0, *cuts], [*cuts, len(documents)], strict=True)]
     split = run(settings, tmp_path / "split", pieces)
     assert [(v.novel, v.match_id) for v in whole] == [(v.novel, v.match_id) for v in split]
     assert 0 < sum(not v.novel for v in whole) < len(whole)
@@ -194,7 +200,9 @@ def test_a_document_that_breaks_the_decision_passes_unjudged_and_the_rest_is_dec
 ) -> None:
     # A bug that one document sets off, wherever it sits in its batch, must not stop the stream: the batch is
     # decided in halves down to that document, which passes unjudged; the others get their usual verdicts.
-    batch = docs([BASE, "poison " + BASE, BASE.replace("lazy", "sleepy"), "something else entirely, about harbours", BASE])
+    batch = docs(
+        [BASE, "poison " + BASE, BASE.replace("lazy", "sleepy"), "something else entirely, about harbours", BASE]
+    )
     expected = run(settings, tmp_path / "clean", [[doc for doc in batch if doc.id != "d1"]])
     assert [v.reason for v in expected] == ["novel", "near", "novel", "exact"]
     plant_decision_bug(monkeypatch, "d1", "a bug d1 sets off")
@@ -210,7 +218,9 @@ def test_a_document_that_breaks_the_decision_passes_unjudged_and_the_rest_is_dec
     assert "document 'd1' cannot be decided" in caplog.text
 
 
-def test_a_storage_error_fails_the_whole_batch(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_storage_error_fails_the_whole_batch(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def full(*args: object, **kwargs: object) -> None:
         raise IndexStorageError("batch not stored: disk full")
 
@@ -265,7 +275,9 @@ def test_a_later_copy_kept_by_the_stored_entries_expiry_brings_every_pair(settin
     max_age = settings.index.max_age_seconds
     batch = [Document("d1", BASE, max_age), Document("d2", BASE, max_age + 10), Document("d3", BASE, max_age + 20)]
     for every_pair in (False, True):
-        verdicts, pairs = _decide_with_pairs(settings, tmp_path / f"every-{every_pair}", [docs([BASE]), batch], every_pair)
+        verdicts, pairs = _decide_with_pairs(
+            settings, tmp_path / f"every-{every_pair}", [docs([BASE]), batch], every_pair
+        )
         assert verdicts == [(True, None), (False, "d0"), (True, None), (False, "d2")]
         assert pairs[1] == (3 if every_pair else 2)
 
@@ -323,7 +335,9 @@ def test_a_replay_after_a_rollback_decides_as_the_first_run(settings: Settings, 
     bounds = [0]
     while bounds[-1] < len(stream):
         bounds.append(min(len(stream), bounds[-1] + rng.randint(5, 40)))
-    index = settings.index.model_copy(update={"max_age_seconds": 150.0, "time_bucket_seconds": 10.0, "max_entries": 120})
+    index = settings.index.model_copy(
+        update={"max_age_seconds": 150.0, "time_bucket_seconds": 10.0, "max_entries": 120}
+    )
     limited = settings.model_copy(update={"index": index})
 
     def decide(dedup: Deduplicator, b: int) -> list[tuple[bool, str | None]]:

@@ -184,7 +184,7 @@ class Cached:
         mirror = self.table_mirror(txn)
         if mirror is None:
             return
-        stored_table = self.store.tables[table]
+        stored_table = self.store.entry_table(table)
         current = mirror.tables[table]
         if current is not None:
             rows = current.merged(keys, values)

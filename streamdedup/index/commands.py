@@ -57,7 +57,7 @@ def run_index_command(
     elif action == "query":
         fps = parse_fingerprints(fingerprints)
         with _reader(path, settings) as index:
-            for hex_fp, matches in zip(fingerprints, index.query(fps, min_time=min_time)):
+            for hex_fp, matches in zip(fingerprints, index.query(fps, min_time=min_time), strict=True):
                 out.write(json.dumps({"fingerprint": hex_fp, "matches": [[i, d] for i, d in matches]}) + "\n")
     elif action == "export":
         with _reader(path, settings) as index, _opened(target, "w", out) as sink:
@@ -92,7 +92,9 @@ def _import(path: Path, settings: Settings, records: Iterable[dict[str, Any]]) -
         return 0
     bits = len(first[0]["fingerprint"]) * 4
     if bits != settings.fingerprint.width:
-        raise ValueError(f"the dump holds {bits}-bit fingerprints but the config's fingerprint.width is {settings.fingerprint.width}")
+        raise ValueError(
+            f"the dump holds {bits}-bit fingerprints but the config's fingerprint.width is {settings.fingerprint.width}"
+        )
     payload_bytes = len(first[0]["payload"]) // 2
     added = 0
     with SegmentIndex.from_settings(

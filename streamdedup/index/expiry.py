@@ -158,7 +158,7 @@ class Expiry:
         """Rewrite an entry-valued table with its stored rows and these (its staged rows and a batch's, keys
         ascending within each), leaving out the rows of removed entries. The stored rows come from the table's
         copy in memory when there is one (reading them from LMDB costs ~0.75 us a row)."""
-        stored_table = self.store.tables[table]
+        stored_table = self.store.entry_table(table)
         mirror = self.cached.table_mirror(txn)
         mirrored = mirror.tables[table] if mirror is not None else None
         stored_keys, stored_values = (

@@ -98,7 +98,7 @@ class TableMirror:
     def with_table(self, table: int, rows: SortedRows | None) -> TableMirror:
         """This copy with one table's rows replaced (None, or too many for the budget: not mirrored)."""
         kept = rows if rows is not None and self.fits(len(rows)) else None
-        return replace(self, tables=self.tables[:table] + (kept,) + self.tables[table + 1 :])
+        return replace(self, tables=(*self.tables[:table], kept, *self.tables[table + 1 :]))
 
     def advanced(self, covers: int) -> TableMirror:
         """This copy, valid at ``covers`` keyed batches (the batch that moved the count applied here)."""

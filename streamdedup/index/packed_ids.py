@@ -40,7 +40,8 @@ class PackedIds(Sequence[str]):
 
     def __iter__(self) -> Iterator[str]:
         buffer = self._buffer
-        return (buffer[start:stop].decode() for start, stop in zip(self._starts.tolist(), self._stops.tolist()))
+        starts, stops = self._starts.tolist(), self._stops.tolist()
+        return (buffer[start:stop].decode() for start, stop in zip(starts, stops, strict=True))
 
     def take(self, order: np.ndarray) -> PackedIds:
         """The ids at these positions, in this order, without decoding any."""

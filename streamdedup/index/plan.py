@@ -13,8 +13,8 @@ so its values pack densely into one LMDB dupfixed page instead of paying a node 
 
 from __future__ import annotations
 
-import json
 import functools
+import json
 import math
 from dataclasses import dataclass
 from itertools import combinations
@@ -195,7 +195,9 @@ def _segment_recall(bits: int, segments: int, distance: int) -> float:
     features fall in, which is why the quality benchmark, not this bound, measures their recall."""
     size = bits // segments
     total = math.comb(bits, distance)
-    hit = sum((-1) ** (j + 1) * math.comb(segments, j) * math.comb(bits - j * size, distance) for j in range(1, segments + 1))
+    hit = sum(
+        (-1) ** (j + 1) * math.comb(segments, j) * math.comb(bits - j * size, distance) for j in range(1, segments + 1)
+    )
     return min(1.0, hit / total)
 
 
@@ -209,7 +211,7 @@ def _exact_plan(bits: int, radius: int, blocks: int, keyed: int, key_cap: int, e
         # and contiguous runs keep key extraction to a few shifts.
         if sum(sizes) > key_cap:
             sizes = [key_cap // keyed + (i < key_cap % keyed) for i in range(keyed)]
-        tables.append(tuple(p for block, size in zip(chosen, sizes) for p in ranges[block][:size]))
+        tables.append(tuple(p for block, size in zip(chosen, sizes, strict=True) for p in ranges[block][:size]))
     return IndexPlan("exact", bits, radius, tuple(tables), blocks, keyed, 0, expected)
 
 

@@ -180,8 +180,8 @@ class SegmentIndex:
         ``segments`` > 1 (a segmented fingerprint) takes one table per segment. ``signing`` names how fingerprints
         and payloads are made (recorded in a new index; an existing one that recorded another refuses)."""
         # Classic plans are left to the constructor, which keeps an existing index's planning size.
-        segmented = segments > 1 and not readonly and bits is not None
-        plan = planned(settings, bits=bits, segments=segments) if segmented else None
+        segmented = segments > 1 and not readonly
+        plan = planned(settings, bits=bits, segments=segments) if segmented and bits is not None else None
         radius = None if readonly else (bits if settings.radius is None else settings.radius)
         return cls(
             settings.path if path is None else path,
@@ -372,12 +372,13 @@ class SegmentIndex:
     def expire(self, now: float | None = None) -> int:
         """Remove entries with event time before ``now - max_age`` (``now``: the index's own clock, see
         CLOCK_WINDOW, by default); returns how many were removed."""
-        if self.max_age is None:
+        max_age = self.max_age
+        if max_age is None:
             return 0
 
         def work(txn: Any) -> int:
             clock = self._store.clock(txn) if now is None else now
-            removed = self._expiry.expire(txn, clock - self.max_age, None) if clock > -math.inf else 0
+            removed = self._expiry.expire(txn, clock - max_age, None) if clock > -math.inf else 0
             if removed:
                 self._undo.forget(txn)
             return removed
@@ -478,11 +479,12 @@ class SegmentIndex:
             while chunk := list(islice(keys, 10_000)):
                 records = self._lookup.records(txn, np.frombuffer(b"".join(chunk), dtype=U64).astype(np.uint64))
                 for i, entry_id in enumerate(records.ids):
+                    origin = records.origins[i]
                     yield {
                         "id": entry_id,
                         "fingerprint": "".join(f"{int(w):016x}" for w in records.fingerprints[i]),
                         "time": float(records.times[i]),
-                        "origin": list(records.origins[i]) if records.origins[i] else None,
+                        "origin": list(origin) if origin else None,
                         "payload": records.payloads[i].tobytes().hex(),
                     }
 

@@ -67,6 +67,13 @@ class Store:
         self.topics = self._db(names.INDEX_DB_TOPICS)
         self.undo = self._db(names.INDEX_DB_UNDO)
 
+    def entry_table(self, table: int) -> DuplicateRows:
+        """A table of an entry-valued index, which is always in the ``rows`` layout (``format.py``)."""
+        stored = self.tables[table]
+        if not isinstance(stored, DuplicateRows):
+            raise TypeError(f"table {table} of an entry-valued index is not in the rows layout")
+        return stored
+
     def _db(self, name: str, **flags: Any) -> Any:
         return open_db(self.env, name, readonly=self.readonly, **flags)
 

@@ -18,13 +18,20 @@ bucket's values): lookups count a pair once however often it is found, and :meth
 
 from __future__ import annotations
 
-from itertools import starmap
-from typing import Any, Literal
+from itertools import pairwise, starmap
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 __all__ = [
-    "BIG_ENDIAN_U64", "DuplicateRows", "PackedBuckets", "TableLayout", "bytes_int", "int_bytes", "int_rows", "rows_in",
+    "BIG_ENDIAN_U64",
+    "DuplicateRows",
+    "PackedBuckets",
+    "TableLayout",
+    "bytes_int",
+    "int_bytes",
+    "int_rows",
+    "rows_in",
     "table_class",
 ]
 
@@ -58,7 +65,9 @@ def _unpack(buffer: bytes, width: int) -> np.ndarray:
     with it (a strided view over the buffer behind 8 - width bytes of padding), then masked."""
     if width == 8:
         return np.frombuffer(buffer, BIG_ENDIAN_U64).astype(np.uint64)
-    words = np.ndarray((len(buffer) // width,), dtype=BIG_ENDIAN_U64, buffer=bytes(8 - width) + buffer, strides=(width,))
+    words = np.ndarray(
+        (len(buffer) // width,), dtype=BIG_ENDIAN_U64, buffer=bytes(8 - width) + buffer, strides=(width,)
+    )
     return words.astype(np.uint64) & np.uint64((1 << (8 * width)) - 1)
 
 
@@ -128,7 +137,7 @@ class _Table:
 class DuplicateRows(_Table):
     """The ``rows`` layout: a dupsort + dupfixed database."""
 
-    flags = {"dupsort": True, "dupfixed": True}
+    flags: ClassVar[dict[str, bool]] = {"dupsort": True, "dupfixed": True}
 
     def merge_due(self, txn: Any, rows: int) -> bool:
         """Whether a merge of this many staged rows is due at the table's turn: always, as a row costs the same
@@ -150,11 +159,11 @@ class DuplicateRows(_Table):
     def insert(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
         """Store rows (keys ascending)."""
         with txn.cursor(self.db) as cursor:
-            cursor.putmulti(zip(int_bytes(keys, self.key_bytes), int_bytes(values, self.value_bytes)))
+            cursor.putmulti(zip(int_bytes(keys, self.key_bytes), int_bytes(values, self.value_bytes), strict=True))
 
     def delete(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
         """Remove these rows where stored."""
-        for key, value in zip(int_bytes(keys, self.key_bytes), int_bytes(values, self.value_bytes)):
+        for key, value in zip(int_bytes(keys, self.key_bytes), int_bytes(values, self.value_bytes), strict=True):
             txn.delete(key, value, db=self.db)
 
     def rows(self, txn: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -167,7 +176,9 @@ class DuplicateRows(_Table):
         in order with LMDB's append mode, which fills every page."""
         txn.drop(self.db, delete=False)
         with txn.cursor(self.db) as cursor:
-            _, added = cursor.putmulti(zip(int_bytes(keys, self.key_bytes), int_bytes(values, self.value_bytes)), append=True)
+            _, added = cursor.putmulti(
+                zip(int_bytes(keys, self.key_bytes), int_bytes(values, self.value_bytes), strict=True), append=True
+            )
         # Append mode skips a value not above the previous one of its key without an error.
         if added != len(keys):
             raise ValueError(f"{len(keys) - added} of {len(keys)} rows repeated, or out of value order within a key")
@@ -176,7 +187,7 @@ class DuplicateRows(_Table):
 class PackedBuckets(_Table):
     """The ``buckets`` layout: key -> the key's values packed end to end."""
 
-    flags: dict[str, bool] = {}
+    flags: ClassVar[dict[str, bool]] = {}
 
     def merge_due(self, txn: Any, rows: int) -> bool:
         """Whether a merge of this many staged rows is due at the table's turn. A merge pays a read and a write
@@ -207,11 +218,11 @@ class PackedBuckets(_Table):
         key_list = int_bytes(keys[starts], self.key_bytes)
         packed = int_rows(values, self.value_bytes).tobytes()
         bounds = (np.append(starts, len(keys)) * self.value_bytes).tolist()
-        added = [packed[low:high] for low, high in zip(bounds[:-1], bounds[1:])]
+        added = [packed[low:high] for low, high in pairwise(bounds)]
         if 2 * len(key_list) >= txn.stat(self.db)["entries"]:
             with txn.cursor(self.db) as cursor:
                 stored = dict(cursor.iternext())
-            for key, rows in zip(key_list, added):
+            for key, rows in zip(key_list, added, strict=True):
                 stored[key] = stored.get(key, b"") + rows
             txn.drop(self.db, delete=False)
             with txn.cursor(self.db) as cursor:
@@ -220,8 +231,8 @@ class PackedBuckets(_Table):
         with txn.cursor(self.db) as cursor:
             stored = dict(cursor.getmulti(key_list))
             if stored:
-                added = [stored.get(key, b"") + rows for key, rows in zip(key_list, added)]
-            cursor.putmulti(zip(key_list, added))
+                added = [stored.get(key, b"") + rows for key, rows in zip(key_list, added, strict=True)]
+            cursor.putmulti(zip(key_list, added, strict=True))
 
     def delete(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
         """Remove every copy of these rows: the buckets they are in are rewritten without them, or deleted."""
@@ -247,7 +258,7 @@ class PackedBuckets(_Table):
         bounds = (np.concatenate(([0], np.cumsum(kept_counts[rewritten]))) * self.value_bytes).tolist()
         key_list = int_bytes(found_keys[starts[rewritten]], self.key_bytes)
         with txn.cursor(self.db) as cursor:
-            cursor.putmulti(zip(key_list, (packed[low:high] for low, high in zip(bounds[:-1], bounds[1:]))))
+            cursor.putmulti(zip(key_list, (packed[low:high] for low, high in pairwise(bounds)), strict=True))
 
 
 def table_class(layout: TableLayout) -> type[DuplicateRows] | type[PackedBuckets]:

@@ -29,8 +29,14 @@ def open_index(path: str, kind: str = "folds") -> SegmentIndex:
     bits, radius, plan = KINDS[kind]
     # A 256 KiB map forces map growth (and its retry of the whole batch) during the crash rounds.
     return SegmentIndex(
-        path, bits, radius, plan=plan, expected_entries=BATCH * KEEP_BATCHES, max_entries=BATCH * KEEP_BATCHES,
-        time_bucket=1.0, map_size=256 * 1024,
+        path,
+        bits,
+        radius,
+        plan=plan,
+        expected_entries=BATCH * KEEP_BATCHES,
+        max_entries=BATCH * KEEP_BATCHES,
+        time_bucket=1.0,
+        map_size=256 * 1024,
     )
 
 
@@ -49,7 +55,9 @@ def main(path: str, log: str, kind: str) -> None:
         ids, fps = batch(number, kind)
         first = number * BATCH
         index.add(
-            ids, fps, times=np.full(BATCH, float(number)),
+            ids,
+            fps,
+            times=np.full(BATCH, float(number)),
             origins=[(TOPIC, 0, first + i) for i in range(BATCH)],
             source_offsets={(TOPIC, 0): first + BATCH},
         )

@@ -19,7 +19,9 @@ def filled(tmp_path: Path) -> tuple[Path, np.ndarray]:
     path = tmp_path / "source"
     with SegmentIndex(path, 128, 3, expected_entries=1000, payload_bytes=3) as index:
         index.add(
-            [f"id{i}" for i in range(300)], fps, times=np.arange(300.0) + 1000.0,
+            [f"id{i}" for i in range(300)],
+            fps,
+            times=np.arange(300.0) + 1000.0,
             payloads=[bytes([i % 256, 1, 2]) for i in range(300)],
             origins=[("topic", 0, i) if i % 2 else None for i in range(300)],
             source_offsets={("topic", 0): 300},
@@ -48,12 +50,19 @@ def test_stats_query_and_export_read_the_index(filled: tuple[Path, np.ndarray]) 
     assert stats["table_bytes"] > 0 and stats["disk_bytes"] >= stats["table_bytes"]
     hexes = ["".join(f"{int(w):016x}" for w in fps[i]) for i in (0, 7)]
     lines = [json.loads(line) for line in _run("query", path, fingerprints=hexes).splitlines()]
-    assert lines == [{"fingerprint": hexes[0], "matches": [["id0", 0]]}, {"fingerprint": hexes[1], "matches": [["id7", 0]]}]
+    assert lines == [
+        {"fingerprint": hexes[0], "matches": [["id0", 0]]},
+        {"fingerprint": hexes[1], "matches": [["id7", 0]]},
+    ]
     assert json.loads(_run("query", path, fingerprints=hexes[:1], min_time=2000.0))["matches"] == []
     exported = [json.loads(line) for line in _run("export", path).splitlines()]
     assert len(exported) == 300
     assert exported[7] == {
-        "id": "id7", "fingerprint": hexes[1], "time": 1007.0, "origin": ["topic", 0, 7], "payload": "070102",
+        "id": "id7",
+        "fingerprint": hexes[1],
+        "time": 1007.0,
+        "origin": ["topic", 0, 7],
+        "payload": "070102",
     }
     assert exported[8]["origin"] is None
 

@@ -12,8 +12,8 @@ import pytest
 
 from streamdedup.index import IndexStorageError, SegmentIndex
 from streamdedup.index.cached import KEY_FILTER_FILE
-from streamdedup.index.plan import make_segment_plan
 from streamdedup.index.key_filter import BITS_PER_KEY, MIN_CAPACITY, KeyFilter
+from streamdedup.index.plan import make_segment_plan
 from tests.index.test_segment import ROOT, _brute, _clustered, _flip, _random
 
 
@@ -76,7 +76,9 @@ def test_lookups_between_batches_stay_exact_and_use_the_filter(tmp_path: Path) -
     with SegmentIndex(tmp_path, 128, 3, plan=plan, expected_entries=1000) as index:
         for first in range(0, len(stored), 100):
             index.add(ids[first : first + 100], stored[first : first + 100])
-            queries = np.concatenate([_flip(stored[rng.integers(0, first + 100, 20)], rng.integers(0, 5, 20), rng), _random(5, 2, rng)])
+            queries = np.concatenate(
+                [_flip(stored[rng.integers(0, first + 100, 20)], rng.integers(0, 5, 20), rng), _random(5, 2, rng)]
+            )
             assert index.query(queries) == _brute(stored[: first + 100], ids[: first + 100], queries, 3)
             # Built once at the first lookup, then carried along by the index's own batches.
             assert index._cached.key_filter is not None and index._cached.key_filter.covers == first // 100 + 1
@@ -90,7 +92,9 @@ def test_a_filter_that_would_pass_every_key_is_dropped_and_lookups_stay_exact(tm
         assert max(index.plan.key_bits) == 8  # 256 keys a table: most are taken after ~180 entries
         for first in range(0, len(stored), 100):
             index.add(ids[first : first + 100], stored[first : first + 100])
-            assert index.query(stored[: first + 100]) == _brute(stored[: first + 100], ids[: first + 100], stored[: first + 100], 6)
+            assert index.query(stored[: first + 100]) == _brute(
+                stored[: first + 100], ids[: first + 100], stored[: first + 100], 6
+            )
             assert (index._cached.key_filter is not None) == (first + 100 <= 256 * np.log(2))
 
 
@@ -133,7 +137,9 @@ def test_what_another_writer_adds_is_found_by_a_writer_holding_a_filter(tmp_path
             part = theirs[30 * step : 30 * (step + 1)]
             subprocess.run(
                 [sys.executable, "-c", _OTHER_WRITER, str(tmp_path), part.tobytes().hex(), f"theirs{step}"],
-                check=True, cwd=ROOT, timeout=120,
+                check=True,
+                cwd=ROOT,
+                timeout=120,
             )
             assert index.query(part) == [[(f"theirs{step}-{i}", 0)] for i in range(30)]
         index.add([f"mine-{i}" for i in range(30, 60)], mine[30:])
@@ -196,7 +202,10 @@ def test_a_saved_filter_is_not_loaded_after_another_writer_added_keys(tmp_path: 
         assert index.query(stored[:1])[0][0] == ("d0", 0)
     # A writer that never looks up keeps no filter; its batch still voids the saved one.
     subprocess.run(
-        [sys.executable, "-c", _SEGMENT_WRITER, str(tmp_path), theirs.tobytes().hex()], check=True, cwd=ROOT, timeout=120
+        [sys.executable, "-c", _SEGMENT_WRITER, str(tmp_path), theirs.tobytes().hex()],
+        check=True,
+        cwd=ROOT,
+        timeout=120,
     )
     with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
         assert index.query(theirs) == [[(f"theirs-{i}", 0)] for i in range(30)]

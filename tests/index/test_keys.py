@@ -44,8 +44,8 @@ def test_a_subset_of_the_keys_equals_keying_the_subset(name: str) -> None:
         assert np.array_equal(getattr(whole, field), getattr(direct, field)), field
     # Rows of equal keys may come in another order; each table must hold the same (key, row) pairs.
     for table in range(len(plan.tables)):
-        assert sorted(zip(whole.keys[table].tolist(), whole.rows[table].tolist())) == sorted(
-            zip(direct.keys[table].tolist(), direct.rows[table].tolist())
+        assert sorted(zip(whole.keys[table].tolist(), whole.rows[table].tolist(), strict=True)) == sorted(
+            zip(direct.keys[table].tolist(), direct.rows[table].tolist(), strict=True)
         )
     assert np.array_equal(np.sort(whole.rows, axis=1), np.tile(np.arange(len(rows)), (len(plan.tables), 1)))
     everything = table_keys(plan, fps)
@@ -115,7 +115,7 @@ def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(
     lone = {(source, row) for source, row in expected if shared[source, row] < 2 and keyed[row] >= LONE_SEGMENT_LIMIT}
     assert bool(lone) == (len(plan.tables) >= LONE_SEGMENT_LIMIT)
     expected -= lone
-    assert set(zip(earlier.tolist(), later.tolist())) == expected
+    assert set(zip(earlier.tolist(), later.tolist(), strict=True)) == expected
     assert np.bincount(later, minlength=len(fps)).max() <= limit + len(plan.tables)
     assert np.array_equal(np.lexsort((later, earlier)), np.arange(len(earlier)))
 
@@ -130,7 +130,10 @@ def test_the_index_refuses_keys_of_another_plan(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="do not fit"):
             index.add([str(i) for i in range(10)], fps[:10], keys=table_keys(index.plan, fps))
         index.add([str(i) for i in range(50)], fps, keys=table_keys(index.plan, fps))
-        assert index.search(fps[:5], keys=table_keys(index.plan, fps[:5])).rows.tolist() == index.search(fps[:5]).rows.tolist()
+        assert (
+            index.search(fps[:5], keys=table_keys(index.plan, fps[:5])).rows.tolist()
+            == index.search(fps[:5]).rows.tolist()
+        )
 
 
 def test_packed_columns_sort_as_lexsort_does_and_refuse_what_does_not_fit() -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ def test_wide_fingerprint_with_large_radius_gets_a_sampled_plan_with_computed_re
     assert plan.kind == "sampled" and len(plan.tables) == 4
     recalls = [plan.recall(d) for d in range(13)]
     assert recalls[0] == 1.0
-    assert all(a >= b for a, b in zip(recalls, recalls[1:]))
+    assert all(a >= b for a, b in pairwise(recalls))
     assert 0.5 < recalls[12] < 0.95
 
 
@@ -115,7 +116,12 @@ def test_gather_bits_matches_a_bit_by_bit_reading() -> None:
     rng = np.random.default_rng(7)
     fps = rng.integers(0, 2**64 - 1, size=(200, 2), dtype=np.uint64, endpoint=True)
     bits = unpack_bits(fps)
-    for positions in [(0, 1, 2, 63, 64, 65, 127), tuple(range(64)), tuple(range(50, 80)), tuple(rng.choice(128, 20, replace=False).tolist())]:
+    for positions in [
+        (0, 1, 2, 63, 64, 65, 127),
+        tuple(range(64)),
+        tuple(range(50, 80)),
+        tuple(rng.choice(128, 20, replace=False).tolist()),
+    ]:
         weights = np.left_shift(np.uint64(1), np.arange(len(positions) - 1, -1, -1, dtype=np.uint64))
         expected = (bits[:, list(positions)].astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
         assert np.array_equal(gather_bits(fps, positions), expected)

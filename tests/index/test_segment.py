@@ -87,10 +87,12 @@ def test_exact_plans_return_exactly_the_brute_force_answer(
     rng = np.random.default_rng(seed)
     stored = _clustered(n, words, radius, rng) if clustered else _random(n, words, rng)
     ids = [f"doc{i}" for i in range(n)]
-    queries = np.concatenate([
-        _flip(stored[rng.integers(0, n, 40)], rng.integers(0, radius + 3, 40), rng),
-        _random(20, words, rng),
-    ])
+    queries = np.concatenate(
+        [
+            _flip(stored[rng.integers(0, n, 40)], rng.integers(0, radius + 3, 40), rng),
+            _random(20, words, rng),
+        ]
+    )
     with tempfile.TemporaryDirectory() as tmp:
         with SegmentIndex(tmp, width, radius, expected_entries=max(n, 100)) as index:
             assert index.plan.kind == "exact"
@@ -107,7 +109,9 @@ def test_exact_plans_return_exactly_the_brute_force_answer(
             pairs = np.bitwise_count(stored[:, None, :] ^ stored[None, :, :]).sum(axis=2)
             first, second = np.nonzero(np.triu(pairs <= radius, k=1))
             assert (earlier.tolist(), later.tolist(), distances.tolist()) == (
-                first.tolist(), second.tolist(), pairs[first, second].tolist()
+                first.tolist(),
+                second.tolist(),
+                pairs[first, second].tolist(),
             )
 
 
@@ -129,7 +133,9 @@ def test_staged_and_merged_rows_answer_exactly_across_batches_removals_and_reope
     n = 30 * batches
     stored = _clustered(n, words, radius, rng)
     ids = [f"doc{i}" for i in range(n)]
-    queries = np.concatenate([_flip(stored[rng.integers(0, n, 30)], rng.integers(0, radius + 2, 30), rng), _random(5, words, rng)])
+    queries = np.concatenate(
+        [_flip(stored[rng.integers(0, n, 30)], rng.integers(0, radius + 2, 30), rng), _random(5, words, rng)]
+    )
     live: list[int] = []
     with tempfile.TemporaryDirectory() as tmp:
         with SegmentIndex(tmp, width, radius, expected_entries=1000) as index:
@@ -232,7 +238,11 @@ def test_max_entries_evicts_the_oldest(tmp_path: Path) -> None:
     fps = _random(30, 1, rng)
     with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, max_entries=10, time_bucket=1.0) as index:
         for start in range(0, 30, 5):
-            index.add([f"e{i}" for i in range(start, start + 5)], fps[start : start + 5], times=np.arange(start, start + 5, dtype=float))
+            index.add(
+                [f"e{i}" for i in range(start, start + 5)],
+                fps[start : start + 5],
+                times=np.arange(start, start + 5, dtype=float),
+            )
             assert len(index) == min(start + 5, 10)
         present = [bool(hits) for hits in index.query(fps)]
     assert present == [False] * 20 + [True] * 10
@@ -243,8 +253,14 @@ def test_origins_source_offsets_and_rollback(tmp_path: Path) -> None:
     fps = _random(10, 1, rng)
     origins = [("in", i % 2, 100 + i) for i in range(10)]
     with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, payload_bytes=4) as index:
-        index.add([f"o{i}" for i in range(10)], fps, origins=origins, payloads=[bytes([i] * 4) for i in range(10)],
-                  times=np.arange(10.0), source_offsets={("in", 0): 109, ("in", 1): 110})
+        index.add(
+            [f"o{i}" for i in range(10)],
+            fps,
+            origins=origins,
+            payloads=[bytes([i] * 4) for i in range(10)],
+            times=np.arange(10.0),
+            source_offsets={("in", 0): 109, ("in", 1): 110},
+        )
         assert index.source_offsets() == {("in", 0): 109, ("in", 1): 110}
         _, records = index.search_entries(fps[[3, 8]])
         assert records.ids == ["o3", "o8"]
@@ -274,7 +290,11 @@ def test_origins_of_several_topics_and_none_in_one_batch(tmp_path: Path) -> None
 def test_incompatible_open_is_a_clear_error_and_stored_settings_reopen(tmp_path: Path) -> None:
     with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, payload_bytes=8) as index:
         index.add(["k"], np.array([[5]], dtype=np.uint64))
-    for kwargs, word in [({"bits": 128}, "bits 128"), ({"radius": 2}, "radius 2"), ({"payload_bytes": 0}, "payload_bytes")]:
+    for kwargs, word in [
+        ({"bits": 128}, "bits 128"),
+        ({"radius": 2}, "radius 2"),
+        ({"payload_bytes": 0}, "payload_bytes"),
+    ]:
         args = {"bits": 64, "radius": 3, "payload_bytes": 8} | kwargs
         with pytest.raises(PlanError, match=word):
             SegmentIndex(tmp_path, args["bits"], args["radius"], payload_bytes=args["payload_bytes"])
@@ -399,7 +419,9 @@ def test_map_grows_by_itself_and_a_map_at_its_limit_loses_nothing_committed(tmp_
         assert stats["map_size"] > 64 * 1024
         # A 64-bit index of folds keeps no copy of its tables in memory.
         assert index.usage() == {
-            **{key: stats[key] for key in ("entries", "disk_bytes", "map_size")}, "mirrored_tables": 0, "mirror_bytes": 0
+            **{key: stats[key] for key in ("entries", "disk_bytes", "map_size")},
+            "mirrored_tables": 0,
+            "mirror_bytes": 0,
         }
         assert index.usage()["entries"] == 20_000
         assert index.query(fps[:3]) == [[("g0", 0)], [("g1", 0)], [("g2", 0)]]
@@ -435,7 +457,10 @@ def test_a_full_disk_fails_that_batch_and_loses_nothing_committed(tmp_path: Path
     size = (tmp_path / "data.mdb").stat().st_size
     child = subprocess.run(
         [sys.executable, "-c", FULL_DISK_CHILD, str(tmp_path), str(size + 64 * 1024)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     assert child.returncode == 0, child.stderr
     assert "storage error" in child.stdout
@@ -448,7 +473,10 @@ def test_a_full_disk_fails_that_batch_and_loses_nothing_committed(tmp_path: Path
 def _start_writer(path: Path, log: Path, kind: str = "folds") -> subprocess.Popen[str]:
     writer = subprocess.Popen(
         [sys.executable, "-m", "tests.index.crash_writer", str(path), str(log), kind],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert writer.stdout is not None
     assert writer.stdout.readline().strip() == "ready", writer.stderr.read() if writer.stderr else ""
@@ -470,7 +498,7 @@ def _check_committed(path: Path, log: Path, known: int = -1, kind: str = "folds"
         for number in kept + gone + [committed_through + 1]:
             ids, fps = crash_writer.batch(number, kind)
             hits = index.query(fps)
-            present = [(own, 0) in found for own, found in zip(ids, hits)]
+            present = [(own, 0) in found for own, found in zip(ids, hits, strict=True)]
             assert all(present) if number in kept else not any(present), number
     return committed_through
 
@@ -526,7 +554,9 @@ with SegmentIndex(sys.argv[1], 64, 3, expected_entries=1000) as index:
 
 def test_a_long_lived_reader_sees_what_another_process_stages_merges_and_removes(tmp_path: Path) -> None:
     def write_step(step: int, *removed: str) -> np.ndarray:
-        subprocess.run([sys.executable, "-c", _WRITE_STEP, str(tmp_path), str(step), *removed], check=True, cwd=ROOT, timeout=120)
+        subprocess.run(
+            [sys.executable, "-c", _WRITE_STEP, str(tmp_path), str(step), *removed], check=True, cwd=ROOT, timeout=120
+        )
         return np.random.default_rng(step).integers(0, 2**63, size=(50, 1), dtype=np.uint64)
 
     first = write_step(1)
@@ -560,7 +590,9 @@ def _segments(fps: np.ndarray, size: int) -> np.ndarray:
 
 # 16-bit keys sort packed with their row numbers; 64-bit keys leave no room and take the argsort.
 @pytest.mark.parametrize(("bits", "segments"), [(256, 16), (512, 8)])
-def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(tmp_path: Path, bits: int, segments: int) -> None:
+def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(
+    tmp_path: Path, bits: int, segments: int
+) -> None:
     from streamdedup.index.plan import make_segment_plan
 
     rng = np.random.default_rng(5)
@@ -588,8 +620,8 @@ def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(tmp_path
         shares = ((qs[row] == ss) & (ss != 0)).any(axis=1)
         assert sorted(i for i, _ in hits) == sorted(f"e{i}" for i in np.flatnonzero(shares))
     shares_pair = ((ss[:, None, :] == ss[None, :, :]) & (ss[:, None, :] != 0)).any(axis=2)
-    expected = {(a, b) for a, b in zip(*np.nonzero(np.triu(shares_pair, 1)))}
-    assert set(zip(earlier.tolist(), later.tolist())) == expected
+    expected = {(a, b) for a, b in zip(*np.nonzero(np.triu(shares_pair, 1)), strict=True)}
+    assert set(zip(earlier.tolist(), later.tolist(), strict=True)) == expected
     assert plan.recall(0) == 1.0 and plan.recall(segments - 1) == 1.0 and 0 < plan.recall(bits // 2) < 1
 
 
@@ -614,7 +646,9 @@ def test_a_lookup_reaching_lmdb_that_matches_no_merged_and_no_staged_row_finds_n
         assert found.rows.tolist() == [1] and found.distances.tolist() == [0]
 
 
-@pytest.mark.parametrize(("table_values", "table_layout"), [("entries", "rows"), ("folds", "rows"), ("folds", "buckets")])
+@pytest.mark.parametrize(
+    ("table_values", "table_layout"), [("entries", "rows"), ("folds", "rows"), ("folds", "buckets")]
+)
 def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_removals(
     tmp_path: Path, table_values: str, table_layout: str
 ) -> None:
@@ -682,7 +716,10 @@ def test_an_index_of_entries_sweeps_removed_rows_out_of_each_table_and_answers_e
     live: list[str] = []
     queries = _random(20, bits // 64, rng)
     plan = make_segment_plan(bits, segments)
-    with tempfile.TemporaryDirectory() as tmp, SegmentIndex(tmp, bits, bits, plan=plan, mirror_bytes=mirror_bytes) as index:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        SegmentIndex(tmp, bits, bits, plan=plan, mirror_bytes=mirror_bytes) as index,
+    ):
         for batch in range(30):
             # Near copies of live entries (most segments new) and new ids, plus re-added live ids.
             new = _random(40, bits // 64, rng)
@@ -690,17 +727,19 @@ def test_an_index_of_entries_sweeps_removed_rows_out_of_each_table_and_answers_e
                 sources = np.stack([fps[i] for i in rng.choice(live, 20)])
                 kept = rng.random((20, bits // 64)) < 0.25
                 new[:20] = np.where(kept, sources, new[:20])
-            ids = [f"b{batch}-{i}" for i in range(35)] + (list(rng.choice(live, 5, replace=False)) if len(live) >= 5 else [])
+            ids = [f"b{batch}-{i}" for i in range(35)] + (
+                list(rng.choice(live, 5, replace=False)) if len(live) >= 5 else []
+            )
             new = new[: len(ids)]
             index.add(ids, new)
-            fps.update(zip(ids, new))
+            fps.update(zip(ids, new, strict=True))
             live = [i for i in live if i not in set(ids)] + ids
             doomed = list(rng.choice(live, min(removals, len(live) - 1), replace=False))
             assert index.remove(doomed) == len(doomed)
             live = [i for i in live if i not in set(doomed)]
             asked = np.concatenate([queries, np.stack([fps[i] for i in rng.choice(list(fps), 30)])])
             alive = np.stack([fps[i] for i in live])
-            shares = ((_segments(asked, size)[:, None, :] == _segments(alive, size)[None, :, :])).any(axis=2)
+            shares = (_segments(asked, size)[:, None, :] == _segments(alive, size)[None, :, :]).any(axis=2)
             assert [sorted(i for i, _ in hits) for hits in index.query(asked)] == [
                 sorted(live[j] for j in np.flatnonzero(row)) for row in shares
             ]
@@ -722,7 +761,9 @@ def test_an_index_of_entries_sweeps_removed_rows_out_of_each_table_and_answers_e
         live_seqs, rows = _entry_rows(index, segments)
         assert len(live_seqs) == len(live) and all(sorted(r.tolist()) == live_seqs.tolist() for r in rows)
         assert index.stats()["unswept_removals"] == 0
-        mirrored = [] if index._cached.mirror is None else [rows for rows in index._cached.mirror.tables if rows is not None]
+        mirrored = (
+            [] if index._cached.mirror is None else [rows for rows in index._cached.mirror.tables if rows is not None]
+        )
         assert len(mirrored) == (segments if mirror_bytes else 0)
 
 
@@ -745,7 +786,9 @@ def _table_rows(path: Path, tables: int, key_bytes: int, value_bytes: int) -> in
         env.close()
 
 
-def _stored_rows(env: lmdb.Environment, tables: int, key_bytes: int, value_bytes: int) -> list[list[tuple[bytes, bytes]]]:
+def _stored_rows(
+    env: lmdb.Environment, tables: int, key_bytes: int, value_bytes: int
+) -> list[list[tuple[bytes, bytes]]]:
     """Per table, its (key, value) rows, merged and still staged (white box: a bucket packs its key's values end
     to end, and a staged blob packs rows of the table its key starts with; either may repeat a row)."""
     rows: list[list[tuple[bytes, bytes]]] = [[] for _ in range(tables)]
@@ -766,7 +809,13 @@ def test_search_entries_returns_the_records_row_for_row(tmp_path: Path) -> None:
     fps = rng.integers(0, 2**64 - 1, size=(50, 2), dtype=np.uint64, endpoint=True)
     with SegmentIndex(tmp_path / "idx", 128, 3, payload_bytes=2) as index:
         origins = [("topic-a", 0, i) if i % 2 else None for i in range(50)]
-        index.add([f"e{i}" for i in range(50)], fps, times=np.arange(50.0), payloads=[bytes([i, 7]) for i in range(50)], origins=origins)
+        index.add(
+            [f"e{i}" for i in range(50)],
+            fps,
+            times=np.arange(50.0),
+            payloads=[bytes([i, 7]) for i in range(50)],
+            origins=origins,
+        )
         queries = fps[[3, 9, 9, 4]].copy()
         queries[:, 0] ^= np.uint64(3)
         result, records = index.search_entries(queries[:3])
@@ -777,7 +826,7 @@ def test_search_entries_returns_the_records_row_for_row(tmp_path: Path) -> None:
         queries = queries[:3]
         assert records.times.tolist() == [3.0, 9.0, 9.0]
         assert records.payloads.tolist() == [[3, 7], [9, 7], [9, 7]]
-        assert [[(i, d)] for i, d in zip(records.ids, result.distances.tolist())] == index.query(queries)
+        assert [[(i, d)] for i, d in zip(records.ids, result.distances.tolist(), strict=True)] == index.query(queries)
 
 
 def test_stats_count_the_rows_still_staged(tmp_path: Path) -> None:
@@ -839,7 +888,10 @@ def test_the_writers_copy_of_the_merged_tables_answers_as_lmdb_does(tmp_path: Pa
         usage = mirrored.usage()
         records = len(mirrored._cached.mirror.records)
         assert records > 0
-        assert (usage["mirrored_tables"], usage["mirror_bytes"]) == (len(held), 16 * sum(map(len, held)) + 640 * records)
+        assert (usage["mirrored_tables"], usage["mirror_bytes"]) == (
+            len(held),
+            16 * sum(map(len, held)) + 640 * records,
+        )
         assert (plain.usage()["mirrored_tables"], plain.usage()["mirror_bytes"]) == (0, 0)
     if mirror_bytes > 8 * 16 * 150:
         # Each table is copied at its first merge and kept: all eight answer from memory after eight batches.
@@ -875,7 +927,9 @@ def test_the_writers_copy_is_not_used_after_another_process_writes_or_a_batch_fa
         np.save(tmp_path.parent / "others.npy", others)
         subprocess.run(
             [sys.executable, "-c", _ADD_BATCHES, str(tmp_path), str(tmp_path.parent / "others.npy")],
-            check=True, cwd=ROOT, timeout=120,
+            check=True,
+            cwd=ROOT,
+            timeout=120,
         )
         assert index.query(others[0]) == [[(f"other-0-{i}", 0)] for i in range(10)]
 
@@ -942,7 +996,7 @@ def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifi
                 index.add([f"e{i}" for i in range(start, start + len(batch))], batch)
                 start += len(batch)
             # Every table holds exactly the posted rows.
-            live, rows = _entry_rows(index, segments)
+            _, rows = _entry_rows(index, segments)
             for table in range(segments):
                 assert sorted(rows[table].tolist()) == np.flatnonzero(posted[:, table]).tolist()
             queries = np.concatenate([stored[rng.integers(0, len(stored), 30)], _hot_stream(rng, 30, segments, size)])
@@ -1014,7 +1068,9 @@ def _replay_stream(seed: int, n: int) -> tuple[list[str], np.ndarray, np.ndarray
 
 @pytest.mark.parametrize("bits", [64, 256])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_rolled_back_batch_leaves_no_trace_in_expiry_eviction_or_the_clock(tmp_path: Path, bits: int, seed: int) -> None:
+def test_a_rolled_back_batch_leaves_no_trace_in_expiry_eviction_or_the_clock(
+    tmp_path: Path, bits: int, seed: int
+) -> None:
     n, max_age, max_entries, bucket = 900, 120.0, 60, 10.0
     ids, fps64, times, sizes = _replay_stream(seed, n)
     rng = random.Random(seed)
@@ -1036,7 +1092,8 @@ def test_a_rolled_back_batch_leaves_no_trace_in_expiry_eviction_or_the_clock(tmp
         low, high = bounds[b], bounds[b + 1]
         batch = fps[low:high]
         found, records = index.search_entries(batch)
-        matched = {row for row, entry_id in zip(found.rows.tolist(), records.ids) if entry_id != ids[low + row]}
+        pairs = zip(found.rows.tolist(), records.ids, strict=True)
+        matched = {row for row, entry_id in pairs if entry_id != ids[low + row]}
         earlier, later, _ = table_keys(index.plan, batch).pairs(batch)
         kept: list[int] = []
         for row in range(high - low):

@@ -38,9 +38,8 @@ def test_short_keys_switch_to_bucket_starts_on_the_second_lookup() -> None:
     first = rows.bounds(probes)
     assert rows._bucket_starts is None
     second = rows.bounds(probes)
-    assert rows._bucket_starts is not None and rows._bucket_starts.tolist() == [
-        0, 0, 2, 2, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 6, 6, 6
-    ]
+    assert rows._bucket_starts is not None
+    assert rows._bucket_starts.tolist() == [0, 0, 2, 2, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 6, 6, 6]
     for bounds in (first, second):
         assert [bound.tolist() for bound in bounds] == [[0, 0, 3, 6], [0, 2, 6, 6]]
 

@@ -17,9 +17,15 @@ _rows = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2**64 - 1) | st.int
 @given(_rows, _rows)
 @settings(max_examples=200, deadline=None)
 def test_rows_in_agrees_with_a_set_of_pairs(rows: list[tuple[int, int]], others: list[tuple[int, int]]) -> None:
-    keys, values = (np.array(column, dtype=np.uint64) for column in zip(*rows)) if rows else (np.zeros(0, np.uint64),) * 2
+    keys, values = (
+        (np.array(column, dtype=np.uint64) for column in zip(*rows, strict=True))
+        if rows
+        else (np.zeros(0, np.uint64),) * 2
+    )
     other_keys, other_values = (
-        (np.array(column, dtype=np.uint64) for column in zip(*others)) if others else (np.zeros(0, np.uint64),) * 2
+        (np.array(column, dtype=np.uint64) for column in zip(*others, strict=True))
+        if others
+        else (np.zeros(0, np.uint64),) * 2
     )
     assert rows_in(keys, values, other_keys, other_values).tolist() == [row in set(others) for row in rows]
 
@@ -50,10 +56,10 @@ def test_a_table_reads_what_was_inserted_and_not_what_was_deleted(
         order = np.argsort(keys, kind="stable")
         with env.begin(write=True) as txn:
             table.insert(txn, keys[order], values[order])
-        stored.update(zip(keys.tolist(), values.tolist()))
+        stored.update(zip(keys.tolist(), values.tolist(), strict=True))
         doomed = list(stored)[:: rng.integers(3, 6)]
         with env.begin(write=True) as txn:
-            table.delete(txn, *(np.array(column, dtype=np.uint64) for column in zip(*doomed)))
+            table.delete(txn, *(np.array(column, dtype=np.uint64) for column in zip(*doomed, strict=True)))
         for row in doomed:
             del stored[row]
         probe = np.arange(0, 45, dtype=np.uint64) * np.uint64(1500)  # some keys never stored
@@ -62,7 +68,7 @@ def test_a_table_reads_what_was_inserted_and_not_what_was_deleted(
         found_keys = probe[owners]
         # Buckets come whole and in key order; dupsort stores a repeated row once, buckets every copy.
         assert found_keys.tolist() == sorted(found_keys.tolist())
-        found = Counter(zip(found_keys.tolist(), found_values.tolist()))
+        found = Counter(zip(found_keys.tolist(), found_values.tolist(), strict=True))
         assert set(found) == set(stored)
         if layout is PackedBuckets:
             assert found == stored
@@ -70,7 +76,7 @@ def test_a_table_reads_what_was_inserted_and_not_what_was_deleted(
         present = np.unique(np.array([key for key, _ in stored], dtype=np.uint64))
         with env.begin() as txn:
             owners, found_values = table.read(txn, present)
-        found = Counter(zip(present[owners].tolist(), found_values.tolist()))
+        found = Counter(zip(present[owners].tolist(), found_values.tolist(), strict=True))
         assert found == stored if layout is PackedBuckets else set(found) == set(stored)
     env.close()
 
