@@ -29,6 +29,7 @@ from ..kafka.producer import TransactionalProducer
 from ..lifecycle import StopRequest
 from ..metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from ..settings import Settings
+from .backoff import Backoff
 from .batch import BatchOutput, Decided, Prepared, crashed
 from .partition_ownership import Ownership, PartitionOwnership
 from .signer_supervisor import SignerSupervisor
@@ -45,10 +46,11 @@ _INDEX_STATS_INTERVAL_SECONDS = 5.0
 # signing workers wait for this process's turn. A decision process that falls behind decides the batches queued
 # there together, which costs it less a batch: room for several lets it catch up (4 gave groups of 2-3, 8 of 2-6).
 _UNPUBLISHED_BATCHES = 8
-# New signing workers after a death: at once after a pool that lived this long, else after a pause that doubles
 # While consumption is paused (the index refuses batches, a decision process is replaced), the consumer is polled
 # this often: one that does not poll for max.poll.interval.ms (5 minutes) leaves the group.
 _PAUSED_POLL_SECONDS = 1.0
+# The first duplicates the running totals keep as examples (the demo prints them).
+_EXAMPLES = 5
 
 
 class _Interrupted(Exception):
@@ -71,7 +73,6 @@ class BatchPipeline:
         ownership: PartitionOwnership,
         dead_letters: DeadLetterLog,
         stop: StopRequest,
-        max_examples: int,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
@@ -81,7 +82,6 @@ class BatchPipeline:
         self._ownership = ownership
         self._dead_letters = dead_letters
         self._stop = stop
-        self._max_examples = max_examples
         self._decoder = DocumentDecoder(settings.input)
         self.output = BatchOutput(settings)
         self.batch_lock = asyncio.Lock()
@@ -89,9 +89,11 @@ class BatchPipeline:
         self._index_stats_at = 0.0
         # Why the index refuses batches (full map or disk), None while it stores them; the next pause after one.
         self.storage_error: str | None = None
-        self._storage_pause = 0.0
+        self._storage_backoff = Backoff(settings.kafka.retry_backoff_seconds, settings.kafka.retry_backoff_max_seconds)
         # The pause before the next decision process starts: none after one that decided something, then doubling.
-        self._death_pause = 0.0
+        self._death_backoff = Backoff(
+            settings.kafka.retry_backoff_seconds, settings.kafka.retry_backoff_max_seconds, at_once=True
+        )
         # The batch the decision process died deciding, and how many times.
         self._dying: tuple[Prepared, int] | None = None
 
@@ -153,7 +155,7 @@ class BatchPipeline:
                     await self._drained(unpublished)
                     unpublished.clear()
                     continue
-                self._death_pause = 0.0  # the decision process decides: a next death replaces it at once
+                self._death_backoff.reset()  # the decision process decides: a next death replaces it at once
                 self._recovered(consumer)
                 unpublished.popleft()
                 async with self.batch_lock:
@@ -248,7 +250,7 @@ class BatchPipeline:
         if self.storage_error is not None:
             log.warning("the index stores batches again; consuming again")
             self.storage_error = None
-            self._storage_pause = 0.0
+            self._storage_backoff.reset()
             self._metrics.record_storage(failed=False)
         if self._ownership.state is Ownership.PAUSED:
             consumer.resume(consumer.assignment())
@@ -256,9 +258,7 @@ class BatchPipeline:
 
     def storage_failed(self, error: Exception) -> float:
         """Record that the index refused a batch; the pause before the next attempt."""
-        kafka = self._settings.kafka
-        pause = self._storage_pause or kafka.retry_backoff_seconds
-        self._storage_pause = min(2 * pause, kafka.retry_backoff_max_seconds)
+        pause = self._storage_backoff.pause()
         self.storage_error = f"{type(error).__name__}: {error}"
         self._metrics.record_storage(failed=True)
         log.error(
@@ -271,9 +271,7 @@ class BatchPipeline:
 
     def decision_died(self, error: Exception) -> float:
         """Record a death of the decision process; the pause before the next one starts."""
-        kafka = self._settings.kafka
-        pause = self._death_pause
-        self._death_pause = min(max(2 * pause, kafka.retry_backoff_seconds), kafka.retry_backoff_max_seconds)
+        pause = self._death_backoff.pause()
         self._metrics.record_worker_death("decision")
         log.error("%s; starting a new one in %.1f s", error, pause)
         return pause
@@ -349,7 +347,7 @@ class BatchPipeline:
                     middle = (low + high) // 2
                     todo += [(middle, high), (low, middle)]
                 continue
-            self._death_pause = 0.0
+            self._death_backoff.reset()
             parts.append(verdicts)
         # Nothing left that can kill it: the offsets of a batch without documents.
         empty, _ = await self._decisions.submit([], source_offsets=offsets, signatures=None)
@@ -436,7 +434,7 @@ class BatchPipeline:
         stats.transactions += 1
         for doc, verdict in decided.dropped:
             stats.dropped[verdict.reason] += 1
-            if len(stats.examples) < self._max_examples and verdict.match_id is not None:
+            if len(stats.examples) < _EXAMPLES and verdict.match_id is not None:
                 stats.examples.append((doc.id, verdict.match_id, verdict.distance or 0))
         dead_reasons = Counter(letter.reason for letter in dead)
         stats.dead_lettered.update(dead_reasons)

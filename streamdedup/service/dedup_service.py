@@ -29,6 +29,7 @@ from ..lifecycle import Lifecycle, StopRequest
 from ..metrics import ServiceMetrics
 from ..names import DEAD_LETTER_REASONS
 from ..settings import Settings
+from .backoff import Backoff
 from .batch_pipeline import BatchPipeline
 from .partition_ownership import PartitionOwnership
 from .reconciler import Reconciler
@@ -54,12 +55,11 @@ class DedupService(Lifecycle):
     ``wait()`` returns when the loop ends (after ``stop()``/``request_stop()``) and raises what ended it.
     """
 
-    def __init__(self, settings: Settings, *, metrics: ServiceMetrics | None = None, max_examples: int = 5) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         kafka = settings.kafka
-        radius = settings.index.radius
-        self.metrics = metrics or ServiceMetrics(
-            radius=radius,
+        self.metrics = ServiceMetrics(
+            radius=settings.index.radius,
             width=settings.fingerprint.width,
             dead_letter_reasons=DEAD_LETTER_REASONS,
             input_topics=kafka.input_topics,
@@ -80,7 +80,6 @@ class DedupService(Lifecycle):
             ownership=self._ownership,
             dead_letters=self._dead_letters,
             stop=self._stop,
-            max_examples=max_examples,
         )
         self._reconciler = Reconciler(
             settings,
@@ -163,7 +162,7 @@ class DedupService(Lifecycle):
 
     async def _main(self) -> None:
         kafka = self.settings.kafka
-        backoff = kafka.retry_backoff_seconds
+        backoff = Backoff(kafka.retry_backoff_seconds, kafka.retry_backoff_max_seconds)
         while not self._stop.is_set():
             started = time.monotonic()
             try:
@@ -180,10 +179,10 @@ class DedupService(Lifecycle):
                 raise InstanceFenced(f"fenced: transactional id {kafka.producer_transactional_id!r}") from exc
             except (KafkaError, OSError, TimeoutError) as exc:
                 if time.monotonic() - started > kafka.retry_backoff_max_seconds:
-                    backoff = kafka.retry_backoff_seconds  # the last session worked for a while
-                log.warning("Kafka error (%r); recreating the clients in %.1f s", exc, backoff)
-                await self._stop.sleep(backoff)
-                backoff = min(backoff * 2, kafka.retry_backoff_max_seconds)
+                    backoff.reset()  # the last session worked for a while
+                pause = backoff.pause()
+                log.warning("Kafka error (%r); recreating the clients in %.1f s", exc, pause)
+                await self._stop.sleep(pause)
             except DecisionProcessDied as exc:
                 # LMDB kept every batch the worker committed; the new session reconciles them with Kafka.
                 await self._stop.sleep(self._pipeline.decision_died(exc))

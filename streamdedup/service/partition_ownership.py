@@ -12,6 +12,7 @@ whether a decided batch may still be published.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import Enum
 
 from aiokafka import TopicPartition
@@ -106,7 +107,7 @@ class PartitionOwnership:
         """Assigned some partitions, and not known to share the input with another instance (readiness)."""
         return bool(self.assigned) and self.state is not Ownership.SPLIT
 
-    def _move(self, sources: frozenset[Ownership] | set[Ownership], target: Ownership) -> None:
+    def _move(self, sources: Collection[Ownership], target: Ownership) -> None:
         if self.state not in sources:
             raise IllegalTransition(f"{self.state.name} -> {target.name}")
         self.state = target

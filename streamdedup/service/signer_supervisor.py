@@ -14,6 +14,7 @@ from ..metrics import ServiceMetrics
 from ..settings import Settings
 from ..signature import Signatures, SignerPool
 from ..workers import WorkerDied
+from .backoff import Backoff
 
 __all__ = ["SignerSupervisor"]
 
@@ -39,7 +40,7 @@ class SignerSupervisor(Lifecycle):
         self._stop = stop
         self._signers: SignerPool | None = None
         self._started = 0.0
-        self._pause = 0.0
+        self._backoff = Backoff(_SIGNERS_RETRY_SECONDS, _SIGNERS_RETRY_MAX_SECONDS, at_once=True)
         self._respawning: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -99,13 +100,12 @@ class SignerSupervisor(Lifecycle):
         self._metrics.record_worker_death("signer")
         log.error("a signing worker died; the decision core signs the batches until new workers are ready")
         if time.monotonic() - self._started > _SIGNERS_HEALTHY_SECONDS:
-            self._pause = 0.0
+            self._backoff.reset()
         self._respawn(signers)
 
     def _respawn(self, dead: SignerPool | None) -> None:
         """Start new signing workers in the background: at once after a pool that lived, else after a pause."""
-        pause = self._pause
-        self._pause = min(max(2 * pause, _SIGNERS_RETRY_SECONDS), _SIGNERS_RETRY_MAX_SECONDS)
+        pause = self._backoff.pause()
         log.info("new signing workers start in %.0f s", pause)
         self._respawning = asyncio.create_task(self._replaced(dead, pause), name="streamdedup-signers")
 
