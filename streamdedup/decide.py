@@ -148,6 +148,40 @@ class BatchTimings:
         return BatchTimings(self.fingerprint * fraction, self.lookup * fraction, self.store * fraction, batches)
 
 
+@dataclass(frozen=True)
+class _StoredCandidates:
+    """Accepted stored candidates, best first within each row: the row, how many kept documents were stored
+    after the entry, and where its id, distance and Jaccard estimate are (``slots``)."""
+
+    rows: np.ndarray
+    kept_after: np.ndarray
+    slots: np.ndarray
+    ids: Sequence[str]
+    distances: np.ndarray
+    jaccard: np.ndarray
+
+    @classmethod
+    def none(cls) -> _StoredCandidates:
+        empty = np.zeros(0, dtype=np.int64)
+        return cls(empty, empty, empty, [], empty, empty)
+
+    def visible(self, kept_before: np.ndarray | None, max_entries: int | None) -> np.ndarray | None:
+        """Which candidates each row sees: those with fewer than ``max_entries`` kept documents between them
+        (stored after the entry, and ``kept_before`` the row in its batch); None: all."""
+        if kept_before is None or max_entries is None:
+            return None
+        return self.kept_after + kept_before[self.rows] < max_entries
+
+    def best(self, visible: np.ndarray | None) -> dict[int, tuple[str, int, float]]:
+        """Per row, its best visible candidate's (id, distance, Jaccard estimate)."""
+        order = np.arange(len(self.rows)) if visible is None else np.flatnonzero(visible)
+        first = order[np.unique(self.rows[order], return_index=True)[1]]
+        return {
+            int(self.rows[i]): (self.ids[slot], int(self.distances[slot]), float(self.jaccard[slot]))
+            for i, slot in zip(first.tolist(), self.slots[first].tolist(), strict=True)
+        }
+
+
 def open_index(settings: Settings, path: Path, *, durable: bool = True) -> SegmentIndex:
     """The index the settings describe, at ``path``: the one place service and offline mode open it.
 
@@ -176,6 +210,7 @@ class Deduplicator:
         policy = settings.dedup
         self._radius = settings.index.radius
         self._max_age = settings.index.max_age_seconds
+        self._max_entries = settings.index.max_entries
         self._verify = policy.verify
         self._min_jaccard = policy.min_jaccard
         self._max_candidates = policy.max_candidates
@@ -255,23 +290,39 @@ class Deduplicator:
         origins = [doc.origin for doc in docs]
         fingerprinted = time.perf_counter()
 
-        redelivered = self._stored_redeliveries(ids, origins, fps, times, sketches)
-        stored, stored_candidates = self._stored_matches(ids, origins, fps, times, sketches, indexable, keys)
-        self.last_candidates = stored_candidates + np.bincount(pairs.later, minlength=len(docs))
-        # An id settles what it names, whatever a text's nearest match.
-        stored.update(redelivered)
+        redeliveries = self._stored_redeliveries(ids, origins, fps, times, sketches)
+        stored, stored_counts = self._stored_matches(ids, origins, fps, times, sketches, indexable, keys)
+        self.last_candidates = stored_counts + np.bincount(pairs.later, minlength=len(docs))
         repeats = self._repeated_ids(ids, fps, sketches, indexable)
-        matches = dict(stored)
-        by_id = set(redelivered) | self._resolve_within_batch(ids, times, pairs, matches, repeats)
-        if pairs.copies is not None and self._kept_later_copy(indexable, pairs.copies, matches):
-            # Only first copies were candidates, which is exact while no later copy is kept: here one is.
-            matches = dict(stored)
-            every_pair = self.signer.keyed(signatures, every_pair=True).pairs
-            assert every_pair is not None
-            by_id = set(redelivered) | self._resolve_within_batch(ids, times, every_pair, matches, repeats)
+        # What a row sees depends on how many rows before it are kept (max_entries), which depends on what those
+        # rows saw: decide with every candidate visible, then again with the kept counts the verdicts give,
+        # until they stay. Row r is settled after r rounds; a batch without a candidate at the edge takes one.
+        kept_before: np.ndarray | None = None
+        while True:
+            redelivered = redeliveries.best(redeliveries.visible(kept_before, self._max_entries))
+            # An id settles what it names, whatever a text's nearest match.
+            matches = stored.best(stored.visible(kept_before, self._max_entries)) | redelivered
+            by_id = set(redelivered) | self._resolve_within_batch(ids, times, pairs, matches, repeats, kept_before)
+            if pairs.copies is not None and self._kept_later_copy(indexable, pairs.copies, matches):
+                # Only first copies were candidates, which is exact while no later copy is kept: here one is.
+                matches = stored.best(stored.visible(kept_before, self._max_entries)) | redelivered
+                every_pair = self.signer.keyed(signatures, every_pair=True).pairs
+                assert every_pair is not None
+                pairs = every_pair
+                by_id = set(redelivered) | self._resolve_within_batch(ids, times, pairs, matches, repeats, kept_before)
+            duplicate = np.zeros(len(docs), dtype=bool)
+            duplicate[list(matches)] = True
+            if self._max_entries is None:
+                break
+            kept = indexable & ~duplicate
+            counted = np.concatenate([[0], np.cumsum(kept[:-1])]) if len(kept) else np.zeros(0, dtype=np.int64)
+            if kept_before is None:
+                if not self._window_cuts(counted, stored, redeliveries, pairs, repeats):
+                    break
+            elif np.array_equal(counted, kept_before):
+                break
+            kept_before = counted
 
-        duplicate = np.zeros(len(docs), dtype=bool)
-        duplicate[list(matches)] = True
         verdicts = self._verdicts(fps, indexable, duplicate, matches, by_id, signatures.errors)
 
         looked_up = time.perf_counter()
@@ -318,6 +369,33 @@ class Deduplicator:
     def _accepts(self, jaccard: np.ndarray) -> np.ndarray:
         return jaccard >= self._min_jaccard if self._verify else np.ones(len(jaccard), dtype=bool)
 
+    def _window_cuts(
+        self,
+        kept_before: np.ndarray,
+        stored: _StoredCandidates,
+        redeliveries: _StoredCandidates,
+        pairs: BatchPairs,
+        repeats: BatchPairs,
+    ) -> bool:
+        """Whether these kept counts hide any candidate from its row (``max_entries``)."""
+        hidden = [
+            not visible.all()
+            for visible in (
+                stored.visible(kept_before, self._max_entries),
+                redeliveries.visible(kept_before, self._max_entries),
+            )
+            if visible is not None
+        ]
+        return any(hidden) or any(
+            not self._in_window(kept_before, found.earlier, found.later).all() for found in (pairs, repeats)
+        )
+
+    def _in_window(self, kept_before: np.ndarray | None, earlier: np.ndarray, later: np.ndarray) -> np.ndarray:
+        """Whether fewer than ``max_entries`` documents were kept between each earlier and later row."""
+        if kept_before is None or self._max_entries is None:
+            return np.ones(len(earlier), dtype=bool)
+        return kept_before[later] - kept_before[earlier] <= self._max_entries
+
     def _fresh(self, candidate_times: np.ndarray, query_times: np.ndarray) -> np.ndarray:
         """Expiry by each document's own event time, so replays and batch boundaries cannot change it."""
         if self._max_age is None:
@@ -333,6 +411,7 @@ class Deduplicator:
         candidate_times: np.ndarray,
         row_times: np.ndarray,
         by_id: np.ndarray | None = None,
+        visible: np.ndarray | None = None,
     ) -> np.ndarray:
         """Indices of the acceptable (row, candidate) pairs, best first within each row: a candidate of the
         same id (``by_id``, accepted whatever its overlap), then nearest, then most overlapping, then earliest."""
@@ -340,7 +419,8 @@ class Deduplicator:
         if by_id is not None:
             accepted |= by_id
         # Most candidates fail: sorting only those that pass costs a fraction of sorting them all.
-        ok = np.flatnonzero(self._fresh(candidate_times, row_times) & accepted)
+        ok = self._fresh(candidate_times, row_times) & accepted
+        ok = np.flatnonzero(ok if visible is None else ok & visible)
         same_id = np.zeros(len(ok), dtype=bool) if by_id is None else by_id[ok]
         return ok[np.lexsort((candidates[ok], -jaccard[ok], distances[ok], ~same_id, rows[ok]))]
 
@@ -351,12 +431,12 @@ class Deduplicator:
         fps: np.ndarray,
         times: np.ndarray,
         sketches: np.ndarray,
-    ) -> dict[int, tuple[str, int, float]]:
+    ) -> _StoredCandidates:
         """Rows carrying the id of a fresh stored document from another origin: an upstream redelivery,
         whatever its text. From the same origin it is a replay of that very record (see ``_stored_matches``)."""
         rows, records = self.index.entries_with_ids(ids)
         if not len(rows):
-            return {}
+            return _StoredCandidates.none()
         other = np.fromiter(
             (origins[row] is None or origins[row] != records.origin(i) for i, row in enumerate(rows.tolist())),
             dtype=bool,
@@ -366,10 +446,8 @@ class Deduplicator:
         rows = rows[slots]
         distances = np.bitwise_count(records.fingerprints[slots] ^ fps[rows]).sum(axis=1)
         jaccard = self.sketcher.jaccard(sketches[rows], records.payloads[slots].view(SKETCH_DTYPE))
-        return {
-            row: (ids[row], distance, similarity)
-            for row, distance, similarity in zip(rows.tolist(), distances.tolist(), jaccard.tolist(), strict=True)
-        }
+        kept_after = self.index.kept_after(records.entries[slots])
+        return _StoredCandidates(rows, kept_after, np.arange(len(rows)), [ids[row] for row in rows], distances, jaccard)
 
     def _repeated_ids(self, ids: list[str], fps: np.ndarray, sketches: np.ndarray, indexable: np.ndarray) -> BatchPairs:
         """Every (earlier, later) pair of rows of one id in the batch, the earlier one indexable (it can be kept
@@ -398,18 +476,18 @@ class Deduplicator:
         sketches: np.ndarray,
         indexable: np.ndarray,
         keys: TableKeys,
-    ) -> tuple[dict[int, tuple[str, int, float]], np.ndarray]:
-        """Best accepted stored match per row: nearest, then most overlapping, then earliest stored; and how
-        many stored candidates each row was compared with."""
+    ) -> tuple[_StoredCandidates, np.ndarray]:
+        """Accepted stored candidates, best first per row: nearest, then most overlapping, then earliest stored;
+        and how many stored candidates each row was compared with."""
         rows = np.flatnonzero(indexable)
         none = np.zeros(len(ids), dtype=np.int64)
         if not len(rows) or not len(self.index):
-            return {}, none
+            return _StoredCandidates.none(), none
         found, records = self.index.search_entries(
             fps[rows], keys=keys.subset(rows), max_candidates=self._max_candidates
         )
         if not len(found):
-            return {}, none
+            return _StoredCandidates.none(), none
         query = rows[found.rows]
         candidates = np.bincount(query, minlength=len(ids))
         stored_sketches = records.payloads.view(SKETCH_DTYPE)
@@ -422,9 +500,9 @@ class Deduplicator:
             count=len(order),
         )
         order = order[~replayed]
-        first = order[np.unique(query[order], return_index=True)[1]]
-        matches = {int(query[i]): (records.ids[i], int(found.distances[i]), float(jaccard[i])) for i in first.tolist()}
-        return matches, candidates
+        kept_after = self.index.kept_after(found.entries[order])
+        candidates_found = _StoredCandidates(query[order], kept_after, order, records.ids, found.distances, jaccard)
+        return candidates_found, candidates
 
     @staticmethod
     def _kept_later_copy(indexable: np.ndarray, copies: np.ndarray, matches: dict[int, tuple[str, int, float]]) -> bool:
@@ -440,16 +518,19 @@ class Deduplicator:
         pairs: BatchPairs,
         matches: dict[int, tuple[str, int, float]],
         repeats: BatchPairs,
+        kept_before: np.ndarray | None,
     ) -> set[int]:
-        """Match documents against earlier *kept* documents of the same batch, in stream order: those of the
-        same id (``repeats``) first, then the near ones. Returns the rows matched by id."""
+        """Match documents against earlier *kept* documents of the same batch within ``max_entries`` kept
+        documents (``kept_before`` each row; None: all), in stream order: those of the same id (``repeats``)
+        first, then the near ones. Returns the rows matched by id."""
         earlier, later = np.concatenate([repeats.earlier, pairs.earlier]), np.concatenate([repeats.later, pairs.later])
         if not len(earlier):
             return set()
         distances = np.concatenate([repeats.distances, pairs.distances])
         jaccard = np.concatenate([repeats.jaccard, pairs.jaccard])
         by_id = np.arange(len(earlier)) < len(repeats.earlier)
-        order = self._ranked(later, earlier, distances, jaccard, times[earlier], times[later], by_id)
+        visible = self._in_window(kept_before, earlier, later)
+        order = self._ranked(later, earlier, distances, jaccard, times[earlier], times[later], by_id, visible)
         matched_by_id: set[int] = set()
         # Only documents with an in-batch candidate reach this loop; each decision needs the earlier ones.
         for i in order.tolist():

@@ -8,7 +8,7 @@ entry's rows until its sweep (see the ``segment`` docstring): a lookup drops can
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import compress
+from itertools import compress, takewhile
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from .store import (
     META_CLOCK,
     META_CLOCK_WINDOW,
     META_COUNT,
+    META_NEXT_SEQ,
     NO_TOPIC,
     U64,
     Store,
@@ -50,44 +51,48 @@ class Expiry:
     def expire(self, txn: Any, cutoff: float, undo: Undo | None) -> int:
         # Whole buckets go; an entry at most one bucket younger than the cutoff waits for its bucket
         # (queries pass min_time to hide it meanwhile).
-        return self.remove(txn, self.pop_oldest(txn, None, float(np.floor(cutoff / self.fmt.time_bucket)), undo), undo)
+        return self.remove(txn, self.pop_oldest(txn, float(np.floor(cutoff / self.fmt.time_bucket)), undo), undo)
 
-    def pop_oldest(self, txn: Any, limit: int | None, before_bucket: float | None, undo: Undo | None) -> np.ndarray:
-        """Take entry keys from the oldest time buckets (insertion order within a bucket): the first
-        ``limit``, or all in buckets before ``before_bucket``. Consumed rows are deleted or trimmed."""
-        end = None if before_bucket is None else seq_bytes(orderable_time(np.array([before_bucket])))[0]
+    def pop_oldest(self, txn: Any, before_bucket: float, undo: Undo | None) -> np.ndarray:
+        """Take the entry keys of every time bucket before ``before_bucket``; their rows are deleted."""
+        end = seq_bytes(orderable_time(np.array([before_bucket])))[0]
         chunks: list[np.ndarray] = []
-        taken = 0
         with txn.cursor(self.store.times) as cursor:
             moved = cursor.first()
-            while moved and (limit is None or taken < limit):
-                key = cursor.key()
-                if end is not None and key[:8] >= end:
-                    break
+            while moved and cursor.key()[:8] < end:
                 if undo is not None:
-                    undo.times.setdefault(key, cursor.value())
+                    undo.times.setdefault(cursor.key(), cursor.value())
                 spans = np.frombuffer(cursor.value(), dtype=U64).astype(np.uint64).reshape(-1, 2)
-                members = np.concatenate([np.arange(a, b, dtype=np.uint64) for a, b in spans.tolist()])
-                if limit is not None and taken + len(members) > limit:
-                    keep = members[limit - taken :]
-                    members = members[: limit - taken]
-                    breaks = np.flatnonzero(np.diff(keep) != 1) + 1
-                    rest = np.stack(
-                        [
-                            keep[np.concatenate([[0], breaks])],
-                            keep[np.concatenate([breaks - 1, [len(keep) - 1]])] + np.uint64(1),
-                        ],
-                        axis=1,
-                    )
-                    cursor.put(key, rest.astype(U64).tobytes())
-                    moved = False
-                else:
-                    # delete() steps to the successor; past the last row the cursor holds no key.
-                    cursor.delete()
-                    moved = bool(cursor.key())
-                chunks.append(members)
-                taken += len(members)
+                chunks.extend(np.arange(a, b, dtype=np.uint64) for a, b in spans.tolist())
+                # delete() steps to the successor; past the last row the cursor holds no key.
+                cursor.delete()
+                moved = bool(cursor.key())
         return np.concatenate(chunks) if chunks else np.zeros(0, np.uint64)
+
+    def evict(self, txn: Any, max_entries: int, undo: Undo) -> int:
+        """Remove the entries no later document can see: those with ``max_entries`` or more kept documents
+        stored after them (``SegmentIndex.kept_after``). The oldest ``times`` rows go too once they name only
+        removed entries; a row that names others as well waits for expiry (a removal skips keys already gone)."""
+        bound = self.store.counter(txn, META_NEXT_SEQ) - max_entries
+        if bound <= 0:
+            return 0
+        end = seq_bytes(np.array([bound], dtype=np.uint64))[0]
+        with txn.cursor(self.store.entries) as cursor:
+            # Skipped keys make kept_after smaller than the key distance: every evicted entry is below ``end``.
+            below = b"".join(takewhile(lambda key: bytes(key) < end, cursor.iternext(keys=True, values=False)))
+        seqs = np.frombuffer(below, dtype=U64).astype(np.uint64)
+        seqs = seqs[self.store.kept_after(txn, seqs) >= max_entries]
+        if not len(seqs):
+            return 0
+        removed = self.remove(txn, seqs, undo)
+        cut = int(seqs[-1]) + 1
+        with txn.cursor(self.store.times) as cursor:
+            moved = cursor.first()
+            while moved and int(np.frombuffer(cursor.value(), dtype=U64)[1::2].max()) <= cut:
+                undo.times.setdefault(cursor.key(), cursor.value())
+                cursor.delete()
+                moved = bool(cursor.key())
+        return removed
 
     def remove(self, txn: Any, seqs: np.ndarray, undo: Undo | None) -> int:
         if not len(seqs):
@@ -185,18 +190,34 @@ class Expiry:
         topic_ids = self.store.topic_ids(txn, (topic for topic, _ in offsets))
         targets = {(topic_ids[topic], int(partition)): int(offset) for (topic, partition), offset in offsets.items()}
         removed = 0
+        undone_from = None
         for key, raw in self.undo.newest_first(txn):
             record = UndoRecord.unpack(raw, self.fmt.record)
             added = self._seqs_from(txn, record.first_seq)
             if not self._rolled_back(txn, added, record, targets):
                 break
             removed += self._undo_batch(txn, key, record, added)
+            undone_from = record.first_seq
+        if undone_from is not None:
+            self._skip(txn, undone_from)
         left = self._doomed(txn, targets)
         if len(left):
             removed += self.remove(txn, left, None)
             self.undo.forget(txn)
         self.store.put_source_offsets(txn, offsets)
         return removed
+
+    def _skip(self, txn: Any, first_seq: int) -> None:
+        """Record the entry keys from ``first_seq`` on, which undone batches had taken, as skipped; runs below
+        every stored entry and every entry a later rollback may restore no longer count for any of them."""
+        next_seq = self.store.counter(txn, META_NEXT_SEQ)
+        runs = self.store.skipped(txn)
+        # Runs from first_seq on lie within the new one: an older rollback's, whose batches this one undoes too.
+        runs = np.concatenate([runs[runs[:, 0] < first_seq], np.array([[first_seq, next_seq]], dtype=np.uint64)])
+        with txn.cursor(self.store.entries) as cursor:
+            oldest = [int.from_bytes(cursor.key(), "big")] if cursor.first() else [next_seq]
+        oldest.extend(self.undo.restorable_seqs(txn)[:1].tolist())
+        self.store.put_skipped(txn, runs[runs[:, 1] > np.uint64(min(oldest))])
 
     def _doomed(self, txn: Any, targets: Mapping[tuple[int, int], int]) -> np.ndarray:
         """Entry keys of the entries whose origin is at or past its partition's target offset."""

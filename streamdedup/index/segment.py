@@ -325,6 +325,13 @@ class SegmentIndex:
         present[present] = records.entries[slot[present]] == wanted[present]
         return np.asarray(at, dtype=np.intp)[present], reordered(records, slot[present])
 
+    def kept_after(self, entries: np.ndarray) -> np.ndarray:
+        """How many kept documents were stored after each of these entries (entry keys, as ``search_entries``
+        gives them): an entry is visible to a document while fewer than ``max_entries`` kept documents came
+        between them, and eviction removes it once that many are stored."""
+        with self._read() as txn:
+            return self._store.kept_after(txn, entries)
+
     def query(self, fps: np.ndarray, *, min_time: float | None = None) -> list[list[tuple[str, int]]]:
         """Per query, ``[(id, distance), ...]`` nearest first, ties in insertion order."""
         fps = self._lookup.checked(fps)

@@ -40,6 +40,7 @@ META_NEXT_MERGE = b"next_merge"
 META_UNSWEPT = b"unswept"  # per table: entries removed since the table was last swept (entry-valued tables)
 META_KEYED_WRITES = b"keyed_writes"  # batches that added table rows: what a key filter is valid for
 META_KEY_FILTER_TOKEN = b"key_filter_token"  # names the saved key filter; deleted by every batch that adds keys
+META_SKIPPED = b"skipped"  # entry keys that undone batches had taken, as (start, stop) runs: no document's any more
 
 
 class Store:
@@ -113,6 +114,26 @@ class Store:
     def clock_window(self, txn: Any) -> np.ndarray:
         raw = txn.get(META_CLOCK_WINDOW, db=self.meta)
         return np.frombuffer(raw, dtype=np.float64) if raw else np.zeros(0, dtype=np.float64)
+
+    def skipped(self, txn: Any) -> np.ndarray:
+        raw = txn.get(META_SKIPPED, db=self.meta)
+        return np.frombuffer(raw, dtype=U64).astype(np.uint64).reshape(-1, 2) if raw else np.zeros((0, 2), np.uint64)
+
+    def put_skipped(self, txn: Any, runs: np.ndarray) -> None:
+        txn.put(META_SKIPPED, runs.astype(U64).tobytes(), db=self.meta)
+
+    def kept_after(self, txn: Any, seqs: np.ndarray) -> np.ndarray:
+        """How many kept documents were stored after each of these entry keys: later keys, less those undone
+        batches had taken (an undone batch's keys are not reused: its entries' table rows may linger)."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        later = self.counter(txn, META_NEXT_SEQ) - 1 - seqs
+        runs = self.skipped(txn).astype(np.int64)
+        if not len(runs):
+            return later
+        # Runs ascend; the keys skipped above an entry are those of the runs that start after it.
+        skipped_from = np.cumsum((runs[:, 1] - runs[:, 0])[::-1])[::-1]
+        first_after = np.searchsorted(runs[:, 0], seqs, side="right")
+        return later - np.append(skipped_from, 0)[first_after]
 
     def unswept(self, txn: Any) -> np.ndarray:
         """Per table, the entries removed since it was last swept (an entry-valued index's)."""

@@ -182,13 +182,7 @@ class Writes:
             if self.max_age is not None:
                 self.expiry.expire(txn, clock - self.max_age, undo)
             if self.max_entries is not None:
-                # Stale keys (entries already removed by id) make a round remove fewer than asked; go on.
-                excess = self.store.counter(txn, META_COUNT) - self.max_entries
-                while excess > 0:
-                    popped = self.expiry.pop_oldest(txn, excess, None, undo)
-                    if not len(popped):
-                        break
-                    excess -= self.expiry.remove(txn, popped, undo)
+                self.expiry.evict(txn, self.max_entries, undo)
             self.undo.save(txn, undo)
         if source_offsets:
             self.store.put_source_offsets(txn, source_offsets)

@@ -1018,7 +1018,7 @@ def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifi
 
 class _Oracle:
     """What the index holds and answers, kept the brute-force way: expiry by whole time buckets before the
-    clock's cutoff, then the oldest (time bucket, insertion order) entries beyond ``max_entries``."""
+    clock's cutoff, then the entries with ``max_entries`` or more kept documents stored after them."""
 
     def __init__(self, radius: int, max_age: float, max_entries: int, bucket: float) -> None:
         self.radius, self.max_age, self.max_entries, self.bucket = radius, max_age, max_entries, bucket
@@ -1044,9 +1044,7 @@ class _Oracle:
             self.clock = max(float(np.median(self.window)), self.clock)
             cutoff = math.floor((self.clock - self.max_age) / self.bucket)
             self.entries = [e for e in self.entries if math.floor(e[3] / self.bucket) >= cutoff]
-            oldest_first = sorted(self.entries, key=lambda e: (math.floor(e[3] / self.bucket), e[0]))
-            doomed = {e[0] for e in oldest_first[: max(0, len(self.entries) - self.max_entries)]}
-            self.entries = [e for e in self.entries if e[0] not in doomed]
+            self.entries = [e for e in self.entries if e[0] >= self.next_seq - self.max_entries]
         return [row in kept for row in range(len(ids))]
 
 
