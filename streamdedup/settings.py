@@ -127,6 +127,8 @@ class IndexSettings(Section):
     radius: int | None = Field(default=None, ge=0)
     expected_entries: int = Field(default=10_000_000, ge=1)
     max_age_seconds: float | None = Field(default=7 * 24 * 3600.0, gt=0)
+    # A document sees an entry only while fewer than max_entries documents were kept after it, and older entries
+    # are evicted: what is evicted depends on the kept documents alone, not on where batches were cut.
     max_entries: int | None = Field(default=50_000_000, ge=1)
     time_bucket_seconds: float = Field(default=3600.0, gt=0)
     max_tables: int = Field(default=16, ge=1, le=48)

@@ -361,3 +361,39 @@ def test_a_replay_after_a_rollback_decides_as_the_first_run(settings: Settings, 
         assert got == expected
         assert [e["id"] for e in replayed.export()] == [e["id"] for e in straight.export()]
         assert replayed.stats()["clock"] == straight.stats()["clock"]
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_max_entries_hides_what_it_evicts_whatever_the_batch_cuts(settings: Settings, tmp_path: Path, seed: int) -> None:
+    # Brute force: a document is a copy of the earliest of its text's kept documents among the last `limit`
+    # kept ones (fewer than `limit` kept documents between them), else it is kept. Every text is unrelated to
+    # every other, so only copies can match.
+    limit = 40
+    capped = settings.model_copy(
+        update={"index": settings.index.model_copy(update={"max_entries": limit, "max_age_seconds": None})}
+    )
+    rng = random.Random(seed)
+    words = [f"w{rng.randrange(10**9)}" for _ in range(6000)]
+    originals = [" ".join(rng.sample(words, 14)) for _ in range(120)]
+    stream: list[Document] = []
+    for offset in range(700):
+        # New texts, and copies of earlier ones from a few documents back to hundreds.
+        text = rng.choice(originals[: max(1, offset // 6)]) if offset > 10 and rng.random() < 0.35 else None
+        if text is None:
+            text = " ".join(rng.sample(words, 14))
+        stream.append(Document(f"d{offset}", text, float(offset), None))
+    kept: list[Document] = []
+    expected: list[tuple[bool, str | None]] = []
+    for doc in stream:
+        visible = [each for each in kept[-limit:] if each.text == doc.text]
+        expected.append((not visible, visible[0].id if visible else None))
+        if not visible:
+            kept.append(doc)
+    assert 30 < sum(not novel for novel, _ in expected) and len(kept) > 3 * limit
+    # Some copies come after their text's kept document left the window: they are kept again.
+    assert len({doc.text for doc in kept}) < len(kept)
+    for size in (1, 7, 100, len(stream)):
+        verdicts = run(capped, tmp_path / f"cut-{size}", [stream[i : i + size] for i in range(0, len(stream), size)])
+        assert [(v.novel, v.match_id) for v in verdicts] == expected, size
+    with open_index(capped, tmp_path / f"cut-{len(stream)}") as index:
+        assert len(index) <= limit
