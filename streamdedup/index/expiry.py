@@ -202,6 +202,8 @@ class Expiry:
             self._skip(txn, undone_from)
         left = self._doomed(txn, targets)
         if len(left):
+            # Rolled back, these documents were never kept: their keys count for no earlier entry.
+            self._skip_keys(txn, left)
             removed += self.remove(txn, left, None)
             self.undo.forget(txn)
         self.store.put_source_offsets(txn, offsets)
@@ -218,6 +220,15 @@ class Expiry:
             oldest = [int.from_bytes(cursor.key(), "big")] if cursor.first() else [next_seq]
         oldest.extend(self.undo.restorable_seqs(txn)[:1].tolist())
         self.store.put_skipped(txn, runs[runs[:, 1] > np.uint64(min(oldest))])
+
+    def _skip_keys(self, txn: Any, seqs: np.ndarray) -> None:
+        """Record these entry keys (of stored entries) as skipped, in runs of consecutive keys."""
+        seqs = np.unique(seqs.astype(np.uint64))
+        breaks = np.flatnonzero(np.diff(seqs) != 1) + 1
+        starts = seqs[np.concatenate([[0], breaks])]
+        ends = seqs[np.concatenate([breaks - 1, [len(seqs) - 1]])] + np.uint64(1)
+        runs = np.concatenate([self.store.skipped(txn), np.stack([starts, ends], axis=1)])
+        self.store.put_skipped(txn, runs[np.argsort(runs[:, 0], kind="stable")])
 
     def _doomed(self, txn: Any, targets: Mapping[tuple[int, int], int]) -> np.ndarray:
         """Entry keys of the entries whose origin is at or past its partition's target offset."""

@@ -1163,3 +1163,6 @@ def test_a_rollback_past_what_it_can_undo_removes_the_entries_alone(tmp_path: Pa
         assert index.rollback({("in", 0): 25}) == 5
         assert [e["id"] for e in index.export()] == [f"d{i}" for i in range(20, 25)]
         assert index.stats()["undoable_batches"] == 0
+        # Never kept after all, the five count for no earlier entry: d20 has four kept documents after it.
+        d20 = index.search_entries(fps[20:21])[0].entries[:1]
+        assert index.kept_after(d20).tolist() == [4]
