@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: test demo bench venv clean promtool kafka
+.PHONY: test lint demo bench venv clean promtool kafka
 
 venv: $(INSTALLED)
 
@@ -14,8 +14,14 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,bench]'
 	touch $@
 
-test: $(INSTALLED) promtool kafka
+test: $(INSTALLED) promtool kafka lint
 	$(PY) -m pytest
+
+# Lint, format and types, before the tests (configured in pyproject.toml).
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check streamdedup tests
+	$(VENV)/bin/ruff format --check streamdedup tests
+	$(VENV)/bin/mypy
 
 # promtool and the Prometheus server come from Debian's prometheus package; the tests run their own server
 # on free ports, so the packaged service is stopped if the install started it.

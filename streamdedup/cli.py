@@ -49,19 +49,27 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(quiet="")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    fingerprint = commands.add_parser("fingerprint", parents=[config_too], help="print the hex fingerprint of a text or of each JSONL record")
+    fingerprint = commands.add_parser(
+        "fingerprint", parents=[config_too], help="print the hex fingerprint of a text or of each JSONL record"
+    )
     fingerprint.add_argument("text", nargs="?", help="the text to fingerprint")
     fingerprint.add_argument("--file", help="JSONL file; one fingerprint per line")
     fingerprint.set_defaults(handler=_fingerprint)
 
-    dedup = commands.add_parser("dedup", parents=[config_too], help="deduplicate a JSONL file offline with the service's decision core")
+    dedup = commands.add_parser(
+        "dedup", parents=[config_too], help="deduplicate a JSONL file offline with the service's decision core"
+    )
     dedup.add_argument("input", type=Path, help="JSONL input (one record per line)")
     dedup.add_argument("--output", type=Path, required=True, help="where the kept records go, unchanged and in order")
     dedup.add_argument("--work-dir", type=Path, default=None, help="index folder (default: a new folder under var/)")
-    dedup.add_argument("--dead-letters", type=Path, default=None, help="unreadable records (default: OUTPUT.dead-letters.jsonl)")
+    dedup.add_argument(
+        "--dead-letters", type=Path, default=None, help="unreadable records (default: OUTPUT.dead-letters.jsonl)"
+    )
     dedup.set_defaults(handler=_dedup)
 
-    explain = commands.add_parser("explain", parents=[config_too], help="show why two texts are or are not near-duplicates")
+    explain = commands.add_parser(
+        "explain", parents=[config_too], help="show why two texts are or are not near-duplicates"
+    )
     explain.add_argument("text_a")
     explain.add_argument("text_b")
     explain.set_defaults(handler=_explain)
@@ -69,13 +77,21 @@ def _build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[config_too], help="run the Kafka service until SIGTERM/SIGINT")
     run.set_defaults(handler=_run)
 
-    demo = commands.add_parser("demo", parents=[config_too, _log_level_option("the service's lines and warnings")], help="local broker + service + sample feed, then a summary")
+    demo = commands.add_parser(
+        "demo",
+        parents=[config_too, _log_level_option("the service's lines and warnings")],
+        help="local broker + service + sample feed, then a summary",
+    )
     demo.add_argument("--feed", type=Path, default=None, help="JSONL feed (default: the bundled sample feed)")
     demo.add_argument("--keep-broker", action="store_true", help="leave the local broker running afterwards")
     # The service's own lines narrate the demo; the Kafka client's group joins only bury its summary.
     demo.set_defaults(handler=_demo, quiet="libraries")
 
-    index = commands.add_parser("index", parents=[config_too], help="inspect or maintain a segment index (stats/query/export work while it is written)")
+    index = commands.add_parser(
+        "index",
+        parents=[config_too],
+        help="inspect or maintain a segment index (stats/query/export work while it is written)",
+    )
     index.add_argument("action", choices=["stats", "query", "export", "import", "compact"])
     index.add_argument("path", type=Path, help="the index directory")
     index.add_argument("--fingerprint", action="append", default=[], help="query: a hex fingerprint (repeatable)")
@@ -84,7 +100,11 @@ def _build_parser() -> argparse.ArgumentParser:
     index.add_argument("--output", type=Path, default=None, help="export: JSONL file (default: stdout)")
     index.set_defaults(handler=_index)
 
-    bench = commands.add_parser("bench", parents=[config_too, _log_level_option("warnings only")], help="benchmarks against the peers, in one run")
+    bench = commands.add_parser(
+        "bench",
+        parents=[config_too, _log_level_option("warnings only")],
+        help="benchmarks against the peers, in one run",
+    )
     bench.add_argument("name", choices=[*BENCHMARKS, *LONG_BENCHMARKS, "all"])
     bench.add_argument("options", nargs=argparse.REMAINDER, help="options for that benchmark")
     bench.set_defaults(handler=_bench, quiet="all")
@@ -156,8 +176,13 @@ def _index(args: argparse.Namespace, settings: Settings) -> int:
     from .index.commands import run_index_command
 
     return run_index_command(
-        args.action, args.path, settings, fingerprints=args.fingerprint, min_time=args.min_time,
-        source=args.input, target=args.output,
+        args.action,
+        args.path,
+        settings,
+        fingerprints=args.fingerprint,
+        min_time=args.min_time,
+        source=args.input,
+        target=args.output,
     )
 
 

@@ -59,7 +59,10 @@ class _DecisionCore:
         for _, offsets, _ in batches:
             source_offsets.update(offsets)  # a later batch's next offset of a partition is the one to keep
         signatures = Signatures.joined(
-            [self.dedup.signer.sign([row[1] for row in rows]) if signed is None else signed for rows, _, signed in batches]
+            [
+                self.dedup.signer.sign([row[1] for row in rows]) if signed is None else signed
+                for rows, _, signed in batches
+            ]
         )
         verdicts = self.dedup.decide(docs, source_offsets=source_offsets, signatures=signatures)
         timings = self.dedup.last_timings
@@ -125,7 +128,9 @@ class DecisionProcess(Lifecycle):
         if self.settings.dedup.workers == 0:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="streamdedup-decisions")
             try:
-                self._core = await asyncio.get_running_loop().run_in_executor(self._thread, _DecisionCore, self.settings)
+                self._core = await asyncio.get_running_loop().run_in_executor(
+                    self._thread, _DecisionCore, self.settings
+                )
             except BaseException:
                 self._thread.shutdown()
                 self._thread = None

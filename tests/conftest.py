@@ -1,12 +1,31 @@
-"""Shared pytest fixtures. Each helper adds its own section; keep sections separate."""
+"""Shared pytest fixtures: logging, the real Kafka brokers, process state, and planted bugs."""
 
 from __future__ import annotations
 
-# --- Logging: every test leaves the root logger as it found it -------------------------------------------
+import asyncio
+import functools
 import logging
-from collections.abc import Iterator
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from streamdedup import decision_process as decision_process_module
+from streamdedup.decide import Deduplicator
+from streamdedup.fingerprint import Fingerprinter
+from streamdedup.kafka.admin import admin_client, ensure_topics, partition_counts
+from streamdedup.kafka.broker import LocalBroker
+
+# --- Logging: every test leaves the root logger as it found it -------------------------------------------
 
 
 @pytest.fixture(autouse=True)
@@ -26,23 +45,7 @@ def _restore_root_logger() -> Iterator[None]:
         logging.getLogger(name).setLevel(library_level)
 
 
-# --- Kafka: one real broker per session, topic/produce/consume factories (Kafka helper) -------------------
-import asyncio
-import functools
-import os
-import secrets
-import socket
-import subprocess
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.structs import ConsumerRecord
-
-from streamdedup.kafka.admin import admin_client, ensure_topics, partition_counts
-from streamdedup.kafka.broker import LocalBroker
+# --- Kafka: one real broker per session, topic, produce and consume factories -------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,14 +203,42 @@ def _openssl(*args: str | Path) -> None:
 
 def _certificate_authority(directory: Path, name: str) -> tuple[Path, Path]:
     cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}", "-keyout", key, "-out", cert)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-keyout",
+        key,
+        "-out",
+        cert,
+    )
     return cert, key
 
 
-def _signed(directory: Path, name: str, authority: tuple[Path, Path], extensions: str | None = None) -> tuple[Path, Path]:
+def _signed(
+    directory: Path, name: str, authority: tuple[Path, Path], extensions: str | None = None
+) -> tuple[Path, Path]:
     cert, key, request = directory / f"{name}.pem", directory / f"{name}-key.pem", directory / f"{name}.csr"
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", key, "-out", request)
-    signing = ["x509", "-req", "-in", request, "-CA", authority[0], "-CAkey", authority[1], "-CAcreateserial", "-days", "2"]
+    signing = [
+        "x509",
+        "-req",
+        "-in",
+        request,
+        "-CA",
+        authority[0],
+        "-CAkey",
+        authority[1],
+        "-CAcreateserial",
+        "-days",
+        "2",
+    ]
     if extensions is not None:
         (directory / f"{name}.ext").write_text(extensions + "\n")
         signing += ["-extfile", directory / f"{name}.ext"]
@@ -256,7 +287,10 @@ def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredK
         f"SASL_SSL://127.0.0.1:{sasl_port},SSL://127.0.0.1:{ssl_port}"
     )
     jaas = {
-        "plain": f'org.apache.kafka.common.security.plain.PlainLoginModule required user_{SECURED_USER}="{passwords["PLAIN"]}";',
+        "plain": (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'user_{SECURED_USER}="{passwords["PLAIN"]}";'
+        ),
         "scram-sha-256": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
         "scram-sha-512": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
     }
@@ -314,7 +348,6 @@ def process_running(pid: int) -> bool:
 
 
 # --- The decision core: a bug that one document sets off --------------------------------------------------
-from streamdedup.decide import Deduplicator  # noqa: E402
 
 
 def plant_decision_bug(monkeypatch: pytest.MonkeyPatch, poison_id: str, message: str) -> None:
@@ -330,7 +363,6 @@ def plant_decision_bug(monkeypatch: pytest.MonkeyPatch, poison_id: str, message:
 
 
 # --- The signer: a bug that one text sets off -------------------------------------------------------------
-from streamdedup.fingerprint import Fingerprinter  # noqa: E402
 
 
 def plant_signing_bug(monkeypatch: pytest.MonkeyPatch, poison: str, message: str) -> None:
@@ -347,9 +379,7 @@ def plant_signing_bug(monkeypatch: pytest.MonkeyPatch, poison: str, message: str
 
 
 # --- The decision process: a document whose decision kills it ---------------------------------------------
-import signal
 
-from streamdedup import decision_process as decision_process_module
 
 _CRASH_ID_VARIABLE = "STREAMDEDUP_TEST_CRASH_ID"
 

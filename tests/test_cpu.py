@@ -56,7 +56,9 @@ def test_on_zen4_numpy_is_asked_to_leave_its_avx512_targets(tmp_path: Path) -> N
     ],
     ids=["intel", "zen5", "user-disabled-nothing", "user-enabled", "numpy-already-loaded"],
 )
-def test_elsewhere_nothing_is_asked(tmp_path: Path, cpuinfo_text: str, environ: dict[str, str], loaded: set[str]) -> None:
+def test_elsewhere_nothing_is_asked(
+    tmp_path: Path, cpuinfo_text: str, environ: dict[str, str], loaded: set[str]
+) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(cpuinfo_text)
     before = dict(environ)

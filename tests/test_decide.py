@@ -364,7 +364,9 @@ def test_a_replay_after_a_rollback_decides_as_the_first_run(settings: Settings, 
 
 
 @pytest.mark.parametrize("seed", [3, 11])
-def test_max_entries_hides_what_it_evicts_whatever_the_batch_cuts(settings: Settings, tmp_path: Path, seed: int) -> None:
+def test_max_entries_hides_what_it_evicts_whatever_the_batch_cuts(
+    settings: Settings, tmp_path: Path, seed: int
+) -> None:
     # Brute force: a document is a copy of the earliest of its text's kept documents among the last `limit`
     # kept ones (fewer than `limit` kept documents between them), else it is kept. Every text is unrelated to
     # every other, so only copies can match.

@@ -60,12 +60,15 @@ async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(
         # Signed here (as by the signing workers), the texts do not travel to the decision process; a batch
         # whose signing worker died comes unsigned.
         signer = Signer(local_settings.fingerprint, local_settings.dedup, process.plan)
-        signatures = [signer.sign([doc.text for doc in batch]) if sign else None for batch, sign in zip(batches(), signed)]
+        signatures = [
+            signer.sign([doc.text for doc in batch]) if sign else None
+            for batch, sign in zip(batches(), signed, strict=False)
+        ]
         # All batches queued at once: the worker decides those queued behind the one it decides together, in
         # order, with the verdicts of deciding them one after the other.
         decisions = [
             process.submit(batch, source_offsets={("in", 0): 1000 * (n + 1)}, signatures=signed_batch)
-            for n, (batch, signed_batch) in enumerate(zip(batches(), signatures))
+            for n, (batch, signed_batch) in enumerate(zip(batches(), signatures, strict=False))
         ]
         got, together = [], []
         for verdicts, timings in await asyncio.gather(*decisions):
@@ -91,7 +94,9 @@ async def test_an_index_that_cannot_open_fails_start_with_its_own_error(tmp_path
     settings = configured(tmp_path, "index", 1)
     with open_index(settings, tmp_path / "index"):
         pass
-    wider = settings.model_copy(update={"fingerprint": settings.fingerprint.model_copy(update={"width": 512, "segments": 16})})
+    wider = settings.model_copy(
+        update={"fingerprint": settings.fingerprint.model_copy(update={"width": 512, "segments": 16})}
+    )
     process = DecisionProcess(wider)
     with pytest.raises(PlanError, match="incompatible"):
         await process.start()

@@ -57,7 +57,9 @@ async def test_two_deployments_with_their_own_groups_never_fence_each_other(
             duplicates=await topic_factory(1, prefix=f"dup-{name}"),
             dead_letters=await topic_factory(1, prefix=f"dlq-{name}"),
         )
-        deployments.append((topics, load_settings(None, **derived(overrides(kafka_bootstrap, topics, tmp_path / name)))))
+        deployments.append(
+            (topics, load_settings(None, **derived(overrides(kafka_bootstrap, topics, tmp_path / name))))
+        )
     (east_topics, east), (west_topics, west) = deployments
     assert east.kafka.transactional_id is None and west.kafka.transactional_id is None
     assert east.kafka.producer_transactional_id == east.kafka.group_id
@@ -164,7 +166,9 @@ async def test_an_instance_frozen_past_its_timeouts_is_fenced_and_publishes_noth
         if not input_while_frozen:
             await produce_records(kafka_bootstrap, topics.input, second)
         await wait_for(lambda: output_holds(40), 90, "B to publish the second stories")
-        await produce_records(kafka_bootstrap, topics.input, spread(stories(40, 20)) + copies(stories(20, 5), partitions))
+        await produce_records(
+            kafka_bootstrap, topics.input, spread(stories(40, 20)) + copies(stories(20, 5), partitions)
+        )
         await wait_for(lambda: output_holds(60), 90, "B to go on alone")
         await asyncio.sleep(2)  # time for anything extra to show up
         output = await consume_records(kafka_bootstrap, topics.output)

@@ -134,10 +134,12 @@ def assert_same_output(output: Sequence[ConsumerRecord], expected: list[tuple[by
     if got == expected:
         return
     repeated = len(got) - len(set(got))
-    first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+    pairs = enumerate(zip(got, expected, strict=False))
+    first = next((i for i, (a, b) in pairs if a != b), min(len(got), len(expected)))
     raise AssertionError(
         f"output differs from the offline run: {len(got)} records vs {len(expected)} expected, {repeated} "
-        f"repeated, first difference at output index {first} (offset {output[first].offset if first < len(output) else None})"
+        f"repeated, first difference at output index {first} "
+        f"(offset {output[first].offset if first < len(output) else None})"
     )
 
 
@@ -158,9 +160,9 @@ async def committed_offset(bootstrap: str, group: str, topic: str, partition: in
         await consumer.stop()
 
 
-def offline_novel(settings: Settings, index_path: Path, stream: Sequence[OutRecord], topic: str, batch: int) -> list[
-    tuple[bytes, str]
-]:
+def offline_novel(
+    settings: Settings, index_path: Path, stream: Sequence[OutRecord], topic: str, batch: int
+) -> list[tuple[bytes, str]]:
     """(value, fingerprint hex) of what one uninterrupted offline run through the decision core keeps."""
     decoder = DocumentDecoder(settings.input)
     kept = []
@@ -170,11 +172,14 @@ def offline_novel(settings: Settings, index_path: Path, stream: Sequence[OutReco
             chunk = stream[start : start + batch]
             docs = []
             for offset, record in enumerate(chunk, start):
-                item = decoder.decode(record.value, default_id=f"{topic}-0-{offset}", timestamp=record.timestamp_ms / 1000)
+                item = decoder.decode(
+                    record.value, default_id=f"{topic}-0-{offset}", timestamp=record.timestamp_ms / 1000
+                )
                 if isinstance(item, Document):
                     docs.append((record, Document(item.id, item.text, item.time, (topic, 0, offset))))
             verdicts = dedup.decide([doc for _, doc in docs])
-            kept += [(r.value, fingerprint_hex(v.fingerprint)[0]) for (r, _), v in zip(docs, verdicts) if v.novel]
+            pairs = zip(docs, verdicts, strict=True)
+            kept += [(r.value, fingerprint_hex(v.fingerprint)[0]) for (r, _), v in pairs if v.novel]
     return kept
 
 
@@ -183,7 +188,9 @@ def synthetic_stream(n: int, seed: int, *, bad_every: int = 0) -> list[OutRecord
     rng = random.Random(seed)
     # Recent timestamps: a broker with time-based retention would delete records dated long ago.
     base_ms = (int(time.time()) - n) * 1000
-    vocabulary = [f"{rng.choice('bcdfghklmnprstvz')}{rng.choice('aeiou')}{rng.choice('bcdfgklmnprst')}{i}" for i in range(4000)]
+    vocabulary = [
+        f"{rng.choice('bcdfghklmnprstvz')}{rng.choice('aeiou')}{rng.choice('bcdfgklmnprst')}{i}" for i in range(4000)
+    ]
     texts: list[str] = []
     records = []
     for i in range(n):
@@ -211,7 +218,9 @@ async def test_novel_duplicates_and_dead_letters_end_to_end(
     base = "streaming near duplicate detection keeps only the first copy of every story it sees today"
     stream = [
         OutRecord(json.dumps({"text": base}).encode(), key=b"a", headers=(("origin", b"feed-1"),)),
-        OutRecord(json.dumps({"text": "an entirely unrelated sentence about cooking pasta at home"}).encode(), key=b"b"),
+        OutRecord(
+            json.dumps({"text": "an entirely unrelated sentence about cooking pasta at home"}).encode(), key=b"b"
+        ),
         OutRecord(json.dumps({"text": base}).encode(), key=b"c", headers=(("origin", b"feed-2"),)),
         OutRecord(b'{"text": "broken', key=b"d", headers=(("origin", b"feed-3"),)),
         OutRecord(json.dumps({"text": "RT @someone: " + base.upper() + "!!"}).encode(), key=b"e"),
@@ -226,7 +235,11 @@ async def test_novel_duplicates_and_dead_letters_end_to_end(
         stats = service.stats
 
     output = await kafka_consume(topics.output, count=3)
-    assert [(r.key, r.value) for r in output] == [(b"a", stream[0].value), (b"b", stream[1].value), (b"g", stream[6].value)]
+    assert [(r.key, r.value) for r in output] == [
+        (b"a", stream[0].value),
+        (b"b", stream[1].value),
+        (b"g", stream[6].value),
+    ]
     assert [h for h in output[0].headers if h[0] == "origin"] == [("origin", b"feed-1")]
     assert len(header(output[0], HEADER_FINGERPRINT)) == settings.fingerprint.width // 4
     assert int(header(output[0], HEADER_FINGERPRINT), 16) != int(header(output[1], HEADER_FINGERPRINT), 16)
@@ -238,7 +251,9 @@ async def test_novel_duplicates_and_dead_letters_end_to_end(
     assert header(duplicates[0], HEADER_MATCH_DISTANCE) == b"0"
     assert header(duplicates[0], HEADER_MATCH_REASON) == b"exact"
     assert header(duplicates[1], HEADER_MATCH_REASON) in (b"exact", b"near")
-    assert [(header(r, HEADER_MATCH_JACCARD), header(r, HEADER_MATCH_THRESHOLD)) for r in duplicates] == [(b"1.000", b"0.55")] * 2
+    assert [(header(r, HEADER_MATCH_JACCARD), header(r, HEADER_MATCH_THRESHOLD)) for r in duplicates] == [
+        (b"1.000", b"0.55")
+    ] * 2
     assert header(duplicates[0], HEADER_FINGERPRINT) == header(output[0], HEADER_FINGERPRINT)
     assert [h for h in duplicates[0].headers if h[0] == "origin"] == [("origin", b"feed-2")]
 
@@ -246,7 +261,10 @@ async def test_novel_duplicates_and_dead_letters_end_to_end(
     assert [(r.key, r.value) for r in dead] == [(b"d", b'{"text": "broken'), (b"f", None)]
     assert [header(r, HEADER_DEAD_LETTER_REASON) for r in dead] == [b"invalid_json", b"null_value"]
     assert [h for h in dead[0].headers if h[0] == "origin"] == [("origin", b"feed-3")]
-    assert [(header(r, HEADER_SOURCE_TOPIC), header(r, HEADER_SOURCE_PARTITION), header(r, HEADER_SOURCE_OFFSET)) for r in dead] == [
+    assert [
+        (header(r, HEADER_SOURCE_TOPIC), header(r, HEADER_SOURCE_PARTITION), header(r, HEADER_SOURCE_OFFSET))
+        for r in dead
+    ] == [
         (topics.input.encode(), b"0", b"3"),
         (topics.input.encode(), b"0", b"5"),
     ]
@@ -264,7 +282,10 @@ async def test_input_compressed_with_every_kafka_codec_is_read(
     inputs = [f"in-{codec}-{uuid.uuid4().hex[:8]}" for codec in codecs]
     async with admin_client(bootstrap_servers=kafka_bootstrap) as admin:
         await admin.create_topics(
-            [NewTopic(name, 1, 1, topic_configs={"compression.type": codec}) for name, codec in zip(inputs, codecs)]
+            [
+                NewTopic(name, 1, 1, topic_configs={"compression.type": codec})
+                for name, codec in zip(inputs, codecs, strict=True)
+            ]
         )
         await ensure_topics(admin, {name: 1 for name in inputs})
     texts = [
@@ -273,8 +294,8 @@ async def test_input_compressed_with_every_kafka_codec_is_read(
         "volunteers count migrating cranes along the frozen river delta",
         "the bakery on fifth street sells out of rye bread by noon daily",
     ]
-    stories = {codec: json.dumps({"text": text}).encode() for codec, text in zip(codecs, texts)}
-    for name, codec in zip(inputs, codecs):
+    stories = {codec: json.dumps({"text": text}).encode() for codec, text in zip(codecs, texts, strict=False)}
+    for name, codec in zip(inputs, codecs, strict=False):
         await kafka_produce(name, [stories[codec], stories[codec]])
     settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index", input_topics=inputs))
 
@@ -283,9 +304,9 @@ async def test_input_compressed_with_every_kafka_codec_is_read(
 
     output = await kafka_consume(topics.output, count=len(codecs))
     assert sorted(r.value for r in output) == sorted(stories.values())
-    assert sorted(header(r, HEADER_MATCH_ID).decode() for r in await kafka_consume(topics.duplicates, count=len(codecs))) == sorted(
-        f"{name}-0-0" for name in inputs
-    )
+    assert sorted(
+        header(r, HEADER_MATCH_ID).decode() for r in await kafka_consume(topics.duplicates, count=len(codecs))
+    ) == sorted(f"{name}-0-0" for name in inputs)
 
 
 async def secured_topics(secured: SecuredKafka) -> Topics:
@@ -307,7 +328,9 @@ def scram_security(secured: SecuredKafka, password: str) -> dict[str, Any]:
     }
 
 
-async def test_the_service_publishes_exactly_once_over_sasl_and_tls(secured_kafka: SecuredKafka, tmp_path: Path) -> None:
+async def test_the_service_publishes_exactly_once_over_sasl_and_tls(
+    secured_kafka: SecuredKafka, tmp_path: Path
+) -> None:
     topics = await secured_topics(secured_kafka)
     base = "a story that reaches the secured cluster twice and is published only once over tls"
     stream = [json.dumps({"text": text}).encode() for text in (base, "a different story about trains", base)]
@@ -325,11 +348,17 @@ async def test_the_service_publishes_exactly_once_over_sasl_and_tls(secured_kafk
     assert await committed_offset(secured_kafka.plaintext, settings.kafka.group_id, topics.input) == len(stream)
 
 
-async def test_a_service_refused_by_the_broker_retries_and_is_not_ready(secured_kafka: SecuredKafka, tmp_path: Path) -> None:
+async def test_a_service_refused_by_the_broker_retries_and_is_not_ready(
+    secured_kafka: SecuredKafka, tmp_path: Path
+) -> None:
     topics = await secured_topics(secured_kafka)
-    await produce_records(secured_kafka.plaintext, topics.input, [json.dumps({"text": "waiting for credentials"}).encode()])
+    await produce_records(
+        secured_kafka.plaintext, topics.input, [json.dumps({"text": "waiting for credentials"}).encode()]
+    )
     security = scram_security(secured_kafka, "not-the-password")
-    refused = overrides(secured_kafka.sasl_ssl, topics, tmp_path / "index", security=security, retry_backoff_seconds=0.2)
+    refused = overrides(
+        secured_kafka.sasl_ssl, topics, tmp_path / "index", security=security, retry_backoff_seconds=0.2
+    )
     settings = load_settings(None, **{**refused, "metrics": {"enabled": True, "host": "127.0.0.1", "port": 0}})
 
     async with DedupService(settings) as service:
@@ -361,7 +390,9 @@ async def test_a_batch_signed_after_the_next_one_is_still_decided_before_it(
         OutRecord(json.dumps({"text": long_text}).encode(), key=b"long"),
         OutRecord(json.dumps({"text": story}).encode(), key=b"original"),
         OutRecord(json.dumps({"text": story}).encode(), key=b"copy"),
-        OutRecord(json.dumps({"text": "the city council votes on the new cycling lanes next week"}).encode(), key=b"other"),
+        OutRecord(
+            json.dumps({"text": "the city council votes on the new cycling lanes next week"}).encode(), key=b"other"
+        ),
     ]
     await kafka_produce(topics.input, stream)
     settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index", batch_max_records=2))
@@ -387,7 +418,7 @@ async def test_an_index_behind_kafka_is_replayed_and_nothing_is_republished(
     for part, copy_after in ((stream[:150], True), (stream[150:300], False)):
         await kafka_produce(topics.input, part)
         async with DedupService(settings) as service:
-            await wait_for(lambda: _consumed(service, len(part)), 90, "the part to be processed")
+            await wait_for(lambda part=part: _consumed(service, len(part)), 90, "the part to be processed")
         if copy_after:
             shutil.copytree(tmp_path / "index", tmp_path / "backup")
     shutil.rmtree(tmp_path / "index")
@@ -410,7 +441,10 @@ async def _consumed(service: DedupService, n: int) -> bool:
 async def test_every_dead_letter_reason_keeps_original_bytes_and_never_blocks_the_partition(
     kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
 ) -> None:
-    good = [json.dumps({"body": {"text": f"good record number {i} " + " ".join(f"w{i}x{j}" for j in range(12))}}) for i in range(4)]
+    good = [
+        json.dumps({"body": {"text": f"good record number {i} " + " ".join(f"w{i}x{j}" for j in range(12))}})
+        for i in range(4)
+    ]
     bad = {
         "invalid_json": b'{"body": nope}',
         "missing_field": b'{"title": "no body here"}',
@@ -438,7 +472,9 @@ async def test_every_dead_letter_reason_keeps_original_bytes_and_never_blocks_th
     assert [(header(r, HEADER_DEAD_LETTER_REASON).decode(), r.key, r.value) for r in dead] == [
         (reason, reason.encode(), value) for reason, value in bad.items()
     ]
-    assert [[h for h in r.headers if h[0] == "trace"] for r in dead] == [[("trace", f"t{i}".encode())] for i in range(6)]
+    assert [[h for h in r.headers if h[0] == "trace"] for r in dead] == [
+        [("trace", f"t{i}".encode())] for i in range(6)
+    ]
     assert all(header(r, HEADER_DEAD_LETTER_DETAIL) for r in dead)
     output = await kafka_consume(topics.output, count=4)
     assert [r.value for r in output] == [g.encode() for g in good]
@@ -532,7 +568,11 @@ async def test_a_record_stamped_years_ahead_does_not_expire_the_index(
 
 
 async def test_a_document_that_breaks_the_decision_core_is_dead_lettered_and_the_stream_goes_on(
-    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path,
+    kafka_bootstrap: str,
+    topics: Topics,
+    kafka_produce: Any,
+    kafka_consume: Any,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A bug one record sets off in the decision core (here planted in its lookup, which runs in this process
@@ -583,8 +623,13 @@ async def produce_unparsable(bootstrap: str, topic: str, value: bytes) -> None:
 
 
 async def test_records_that_raise_or_cannot_be_parsed_are_dead_lettered_and_the_stream_goes_on(
-    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    kafka_bootstrap: str,
+    topics: Topics,
+    kafka_produce: Any,
+    kafka_consume: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Each of these stopped `streamdedup run`, and again after every restart: the partition was stuck for good.
     plant_signing_bug(monkeypatch, "poisonword", "a bug this text sets off")
@@ -597,7 +642,9 @@ async def test_records_that_raise_or_cannot_be_parsed_are_dead_lettered_and_the_
     good = [doc(f"an ordinary record number {i} about " + " ".join(f"w{i}x{j}" for j in range(10))) for i in range(4)]
     huge_integer = b'{"text": "a record with a very long number", "ts": %d, "n": %s}' % (now, b"9" * 5000)
     huge_time = b'{"text": "a record with a very long time", "ts": %s}' % (b"9" * 400)
-    await kafka_produce(topics.input, [good[0], OutRecord(huge_integer, key=b"int"), good[1], OutRecord(huge_time, key=b"time")])
+    await kafka_produce(
+        topics.input, [good[0], OutRecord(huge_integer, key=b"int"), good[1], OutRecord(huge_time, key=b"time")]
+    )
     await produce_unparsable(kafka_bootstrap, topics.input, doc("a record whose header the client cannot read"))
     await kafka_produce(topics.input, [OutRecord(doc("a poisonword breaks signing"), key=b"sign"), good[2], good[3]])
     settings = load_settings(
@@ -611,7 +658,12 @@ async def test_records_that_raise_or_cannot_be_parsed_are_dead_lettered_and_the_
 
     dead = await kafka_consume(topics.dead_letters, count=4)
     assert [
-        (r.key, header(r, HEADER_DEAD_LETTER_REASON), header(r, HEADER_DEAD_LETTER_ERROR), header(r, HEADER_SOURCE_OFFSET))
+        (
+            r.key,
+            header(r, HEADER_DEAD_LETTER_REASON),
+            header(r, HEADER_DEAD_LETTER_ERROR),
+            header(r, HEADER_SOURCE_OFFSET),
+        )
         for r in dead
     ] == [
         (b"int", b"decode_error", b"ValueError", b"1"),
@@ -620,14 +672,20 @@ async def test_records_that_raise_or_cannot_be_parsed_are_dead_lettered_and_the_
         (b"sign", b"sign_error", b"ZeroDivisionError", b"5"),
     ]
     assert [dead[0].value, dead[1].value, dead[2].value] == [huge_integer, huge_time, None]
-    assert (header(dead[2], HEADER_SOURCE_TOPIC), header(dead[2], HEADER_SOURCE_PARTITION)) == (topics.input.encode(), b"0")
+    assert (header(dead[2], HEADER_SOURCE_TOPIC), header(dead[2], HEADER_SOURCE_PARTITION)) == (
+        topics.input.encode(),
+        b"0",
+    )
     assert b"Exceeds the limit" in header(dead[0], HEADER_DEAD_LETTER_DETAIL)
     output = await kafka_consume(topics.output, count=4)
     assert [r.value for r in output] == good
     reasons = {"decode_error": 2, "unreadable_record": 1, "sign_error": 1}
     assert (service.stats.published, dict(service.stats.dead_lettered)) == (4, reasons)
     for reason, count in reasons.items():
-        assert service.metrics.registry.get_sample_value("streamdedup_messages_dead_lettered_total", {"reason": reason}) == count
+        assert (
+            service.metrics.registry.get_sample_value("streamdedup_messages_dead_lettered_total", {"reason": reason})
+            == count
+        )
     assert await committed_offset(kafka_bootstrap, settings.kafka.group_id, topics.input) == 8
     # One line for the interval, not one per dead letter.
     summaries = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
@@ -635,12 +693,15 @@ async def test_records_that_raise_or_cannot_be_parsed_are_dead_lettered_and_the_
     assert all(f"{count} {reason}" in summaries[0] for reason, count in reasons.items())
 
 
-@pytest.mark.parametrize(
-    ("max_message_bytes", "reason"), [(1_000_000, b"too_large"), (3_000_000, b"output_too_large")]
-)
+@pytest.mark.parametrize(("max_message_bytes", "reason"), [(1_000_000, b"too_large"), (3_000_000, b"output_too_large")])
 async def test_a_record_larger_than_its_topics_take_is_dead_lettered_cut_to_fit(
-    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path,
-    max_message_bytes: int, reason: bytes,
+    kafka_bootstrap: str,
+    topics: Topics,
+    kafka_produce: Any,
+    kafka_consume: Any,
+    tmp_path: Path,
+    max_message_bytes: int,
+    reason: bytes,
 ) -> None:
     # The input topic takes 4 MB records, the output and dead-letter topics Kafka's default 1 MB: the dead
     # letter of a 2 MB record (too large to read, or to publish) was refused by the broker and retried for ever.
@@ -668,8 +729,15 @@ async def test_a_record_larger_than_its_topics_take_is_dead_lettered_cut_to_fit(
     assert [r.value for r in await kafka_consume(topics.output, count=2)] == good
     dead = await kafka_consume(topics.dead_letters, count=2)
     for letter, offset in zip(dead, (b"0", b"3"), strict=True):
-        assert (letter.key, header(letter, HEADER_DEAD_LETTER_REASON), header(letter, "trace")) == (b"big", reason, b"t1")
-        assert (header(letter, HEADER_SOURCE_TOPIC), header(letter, HEADER_SOURCE_OFFSET)) == (big_input.encode(), offset)
+        assert (letter.key, header(letter, HEADER_DEAD_LETTER_REASON), header(letter, "trace")) == (
+            b"big",
+            reason,
+            b"t1",
+        )
+        assert (header(letter, HEADER_SOURCE_TOPIC), header(letter, HEADER_SOURCE_OFFSET)) == (
+            big_input.encode(),
+            offset,
+        )
         assert int(header(letter, HEADER_DEAD_LETTER_TRUNCATED)) > len(big.value or b"")
         assert 900_000 < len(letter.value or b"") < 1_048_588 and (big.value or b"").startswith(letter.value or b"x")
     # The big record never entered the index: its copy is dead-lettered too, not dropped as a duplicate.
@@ -846,7 +914,9 @@ async def test_second_instance_in_the_group_is_detected_and_nothing_is_split(
     second_dict["kafka"]["transactional_id"] += "-second"
     second_config = write_config(tmp_path / "second.yaml", second_dict)
     records = [
-        OutRecord(json.dumps({"text": f"story {i} " + " ".join(f"t{i}w{j}" for j in range(10))}).encode(), partition=i % 2)
+        OutRecord(
+            json.dumps({"text": f"story {i} " + " ".join(f"t{i}w{j}" for j in range(10))}).encode(), partition=i % 2
+        )
         for i in range(40)
     ]
 
@@ -855,7 +925,9 @@ async def test_second_instance_in_the_group_is_detected_and_nothing_is_split(
         await wait_for(lambda: _consumed(service, 20), 60, "the first instance to process the first half")
         second = start_service(second_config, tmp_path / "second.log")
         try:
-            await wait_for(lambda: _logged(tmp_path / "second.log", "ANOTHER INSTANCE"), 60, "the second instance to notice")
+            await wait_for(
+                lambda: _logged(tmp_path / "second.log", "ANOTHER INSTANCE"), 60, "the second instance to notice"
+            )
             await kafka_produce(topics.input, records[20:])
             await asyncio.sleep(3)
             # While split, neither instance processes anything: the output holds only the first half.
@@ -903,7 +975,9 @@ async def test_kill_minus_9_twenty_times_mid_stream_publishes_exactly_the_offlin
         try:
             target = progress[-1] + rng.randint(100, 1200)
             await wait_for(
-                lambda: _progress(kafka_bootstrap, group, topics.input, target), 120, f"life {kill} to pass {target}"
+                lambda target=target: _progress(kafka_bootstrap, group, topics.input, target),
+                120,
+                f"life {kill} to pass {target}",
             )
             await asyncio.sleep(rng.uniform(0.0, 0.2))
         finally:
@@ -963,7 +1037,9 @@ async def _outage_run(bootstrap: str, broker: LocalBroker, tmp_path: Path) -> No
         await asyncio.sleep(30)
         assert process.poll() is None, "the service must survive the outage"
         await asyncio.to_thread(broker.start)
-        await wait_for(lambda: _progress(bootstrap, group, topics.input, total), 300, "recovery and the rest of the stream")
+        await wait_for(
+            lambda: _progress(bootstrap, group, topics.input, total), 300, "recovery and the rest of the stream"
+        )
         assert process.poll() is None
     finally:
         process.send_signal(signal.SIGTERM)
@@ -1009,7 +1085,11 @@ async def test_killed_worker_processes_are_replaced_with_the_same_result(
     try:
         for kill in range(kills):
             produced = (kill + 1) * chunk
-            await wait_for(lambda: _progress(kafka_bootstrap, group, topics.input, produced), 120, f"progress to {produced}")
+            await wait_for(
+                lambda produced=produced: _progress(kafka_bootstrap, group, topics.input, produced),
+                120,
+                f"progress to {produced}",
+            )
             # Fed in chunks, so that some kills land while the service works and some while it waits for input
             # (a dead worker is replaced either way). Kill again only once every worker is back and new signers
             # are ready.
@@ -1142,7 +1222,9 @@ async def test_a_decision_process_killed_while_the_input_is_idle_is_replaced_wit
             # Nothing more is produced: the death is found between polls, not by the next batch.
             await wait_for(lambda: _async_true(False in seen), 10, "the readiness check to report the index closed")
             await wait_for(
-                lambda: _async_true(decisions.open and decisions.pid != killed and seen[-1]), 60, "a new decision process"
+                lambda: _async_true(decisions.open and decisions.pid != killed and seen[-1]),
+                60,
+                "a new decision process",
             )
         finally:
             watcher.cancel()
@@ -1272,7 +1354,9 @@ async def test_a_full_disk_pauses_consumption_and_consuming_resumes_by_itself_on
         assert _sample(service, "streamdedup_rebalances_total") == 1
         deaths = _worker_deaths(service)
     # EFBIG, or EIO where a write got part of its pages out: either way the commit failed and nothing is lost.
-    assert full_status == 503 and full_body["reasons"]["index_storing"].startswith("IndexStorageError: batch not stored")
+    assert full_status == 503 and full_body["reasons"]["index_storing"].startswith(
+        "IndexStorageError: batch not stored"
+    )
     assert (status, body["checks"]["index_storing"], "reasons" in body) == (200, True, False)
     assert deaths == {"signer": 0.0, "decision": 0.0}
     expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=100)

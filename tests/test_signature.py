@@ -49,7 +49,7 @@ def settings() -> Settings:
 
 
 def test_signatures_are_the_fingerprints_and_the_bottom_k_sketches(settings: Settings) -> None:
-    signatures = Signer(settings.fingerprint, settings.dedup).sign(TEXTS + [b"\xff not utf-8"])  # type: ignore[list-item]
+    signatures = Signer(settings.fingerprint, settings.dedup).sign([*TEXTS, b"\xff not utf-8"])  # type: ignore[list-item]
     batch = Fingerprinter.from_settings(settings.fingerprint).fingerprint_batch(TEXTS)
     assert signatures.fingerprints[: len(TEXTS)].tolist() == batch.fingerprints.tolist()
     expected = BottomK(settings.dedup.sketch_size).sketch(batch.features)
@@ -61,7 +61,7 @@ def test_signatures_are_the_fingerprints_and_the_bottom_k_sketches(settings: Set
 
 def test_joined_signatures_are_those_of_the_whole_batch_without_its_keys(settings: Settings) -> None:
     signer = Signer(settings.fingerprint, settings.dedup, index_plan(settings))
-    texts = TEXTS + [b"\xff not utf-8"] + TEXTS  # type: ignore[list-item]
+    texts = [*TEXTS, b"\xff not utf-8", *TEXTS]
     whole, parts = signer.sign(texts), [signer.sign(texts[:4]), signer.sign(texts[4:])]
     joined = Signatures.joined(parts)
     assert joined.fingerprints.tolist() == whole.fingerprints.tolist()
@@ -102,7 +102,10 @@ def test_a_sketch_wider_than_the_fingerprint_sample_reads_every_feature_it_needs
 def test_the_pool_signs_exactly_as_the_process_itself(settings: Settings) -> None:
     texts = [doc.text for doc in load_stream(split="holdout")[:3000]]
     plan = index_plan(settings)
-    local = [Signer(settings.fingerprint, settings.dedup, plan).sign(texts[start : start + 1000]) for start in range(0, 3000, 1000)]
+    local = [
+        Signer(settings.fingerprint, settings.dedup, plan).sign(texts[start : start + 1000])
+        for start in range(0, 3000, 1000)
+    ]
     pool = SignerPool(settings.fingerprint, settings.dedup, workers=2, plan=plan)
     with pool:
         futures = [pool.submit(texts[start : start + 1000]) for start in range(0, len(texts), 1000)]
@@ -120,7 +123,9 @@ def test_the_pool_signs_exactly_as_the_process_itself(settings: Settings) -> Non
         assert theirs.errors == mine.errors
         assert theirs.keys is not None and mine.keys is not None and theirs.pairs is not None and mine.pairs is not None
         assert theirs.keys.plan == plan and np.array_equal(theirs.keys.keys, mine.keys.keys)
-        assert np.array_equal(theirs.pairs.later, mine.pairs.later) and np.array_equal(theirs.pairs.jaccard, mine.pairs.jaccard)
+        assert np.array_equal(theirs.pairs.later, mine.pairs.later) and np.array_equal(
+            theirs.pairs.jaccard, mine.pairs.jaccard
+        )
     assert sum(len(part.pairs.later) for part in local if part.pairs is not None) > 100
     pool.stop()  # idempotent
     with pytest.raises(RuntimeError, match="stopped"):
@@ -143,11 +148,13 @@ def test_decide_with_given_signatures_gives_the_same_verdicts(settings: Settings
     for name, signer in signers.items():
         with open_index(settings, tmp_path / name) as index:
             dedup = Deduplicator(settings, index)
-            results.append([
-                (v.novel, v.reason, v.match_id)
-                for batch in batches
-                for v in dedup.decide(batch, signatures=signer.sign([d.text for d in batch]) if signer else None)
-            ])
+            results.append(
+                [
+                    (v.novel, v.reason, v.match_id)
+                    for batch in batches
+                    for v in dedup.decide(batch, signatures=signer.sign([d.text for d in batch]) if signer else None)
+                ]
+            )
     assert all(result == results[0] for result in results[1:])
     assert sum(not novel for novel, _, _ in results[0]) > 1000
     one = Signer(settings.fingerprint, settings.dedup).sign(["one text"])
@@ -213,13 +220,20 @@ def test_the_signing_id_changes_with_every_setting_that_shapes_a_signature(setti
     assert signing_id(fingerprint, policy.model_copy(update={"min_jaccard": 0.9, "verify": False})) == same
 
 
-def test_a_text_that_breaks_signing_its_batch_gets_an_error_alone(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_text_that_breaks_signing_its_batch_gets_an_error_alone(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     signer = Signer(settings.fingerprint, settings.dedup, index_plan(settings))
     texts = [TEXTS[0], "a poisonword text", TEXTS[1], TEXTS[4]]
     expected = signer.sign([texts[0], texts[2], texts[3]])
     plant_signing_bug(monkeypatch, "poisonword", "a bug this text sets off")
     signatures = signer.sign(texts)
-    assert signatures.errors == (None, "could not sign this text: ZeroDivisionError: a bug this text sets off", None, None)
+    assert signatures.errors == (
+        None,
+        "could not sign this text: ZeroDivisionError: a bug this text sets off",
+        None,
+        None,
+    )
     assert signatures.indexable.tolist() == [True, False, True, True]
     kept = [0, 2, 3]
     assert signatures.fingerprints[kept].tolist() == expected.fingerprints.tolist()

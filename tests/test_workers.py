@@ -303,4 +303,3 @@ def test_a_busy_worker_dies_with_its_killed_parent(tmp_path: Path) -> None:
     while process_running(worker):
         assert time.monotonic() < deadline, f"worker {worker} outlived its killed parent"
         time.sleep(0.05)
-

@@ -50,9 +50,7 @@ async def ensure_topics(
     """
     existing = await partition_counts(admin, topics)
     missing = [
-        _new_topic(name, partitions, replication_factor)
-        for name, partitions in topics.items()
-        if name not in existing
+        _new_topic(name, partitions, replication_factor) for name, partitions in topics.items() if name not in existing
     ]
     if missing:
         response = await admin.create_topics(missing)

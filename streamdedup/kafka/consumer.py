@@ -38,7 +38,7 @@ _PROBE_TIMEOUT_MS = 5_000
 
 
 @dataclass
-class Unreadable(ConsumerRecord):  # type: ignore[misc]
+class Unreadable(ConsumerRecord):
     """A record the Kafka client could not parse: its position, and the ``error`` that parsing raised (no key,
     value or headers; its timestamp is when it was skipped)."""
 
@@ -241,7 +241,7 @@ class BatchConsumer(Lifecycle):
         return await self.client.end_offsets(list(partitions))
 
 
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Listener(ConsumerRebalanceListener):
     def __init__(self, on_assigned: RebalanceHandler, on_revoked: RebalanceHandler) -> None:
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked

@@ -79,7 +79,7 @@ class TransactionalProducer(Lifecycle):
                 await self.check_not_fenced()
         except ProducerFenced:
             raise
-        except Exception as exc:  # noqa: BLE001 (the producer or broker cannot tell: the original error stands)
+        except Exception as exc:
             log.info("could not check whether the producer was fenced: %s", repr(exc))
 
     async def stop(self) -> None:

@@ -134,12 +134,18 @@ def largest_record_bytes(records: Sequence[OutgoingRecord] | Sequence[ConsumerRe
     """The largest :func:`record_bytes` of ``records`` (0 for none), without a Python call per record."""
     if not records:
         return 0
-    keys, values, headers = map(attrgetter("key"), records), map(attrgetter("value"), records), map(attrgetter("headers"), records)
+    keys, values, headers = (
+        map(attrgetter("key"), records),
+        map(attrgetter("value"), records),
+        map(attrgetter("headers"), records),
+    )
     largest: int = max(map(DefaultRecordBatchBuilder.estimate_size_in_bytes, keys, values, map(list, headers)))
     return largest
 
 
-async def topic_record_limits(admin: AIOKafkaAdminClient, topics: Iterable[str], max_request_bytes: int) -> dict[str, int]:
+async def topic_record_limits(
+    admin: AIOKafkaAdminClient, topics: Iterable[str], max_request_bytes: int
+) -> dict[str, int]:
     """The largest record batch each topic takes: its ``max.message.bytes``, at most ``max_request_bytes`` (the
     producer refuses more). A topic whose configuration cannot be read gets Kafka's default."""
     topics = list(topics)

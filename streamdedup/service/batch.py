@@ -170,8 +170,8 @@ class BatchOutput:
         dead: list[DeadLetter] = []
         row = -1
         for record, item in zip(records, decoded, strict=True):
-            if type(item) is not Document:
-                if type(record) is Unreadable:
+            if not isinstance(item, Document):
+                if isinstance(record, Unreadable) and record.error is not None:
                     item = DeadLetter.raised(
                         DEAD_LETTER_UNREADABLE,
                         f"the Kafka client cannot parse the record at {record.topic}[{record.partition}] offset "
@@ -183,8 +183,9 @@ class BatchOutput:
                 outgoing.append(dead_letter(record, kafka.dead_letter_topic, item))
                 continue
             row += 1
-            if errors is not None and errors[row] is not None:
-                letter = _failed(errors[row], item.id, f"{record.topic}-{record.partition}-{record.offset}")
+            error = None if errors is None else errors[row]
+            if error is not None:
+                letter = _failed(error, item.id, f"{record.topic}-{record.partition}-{record.offset}")
                 dead.append(letter)
                 outgoing.append(dead_letter(record, kafka.dead_letter_topic, letter))
                 continue
@@ -225,4 +226,3 @@ def _failed(error: str, doc_id: str, default_id: str) -> DeadLetter:
     parts = error.split(": ", 2)
     name = parts[1] if len(parts) == 3 and parts[1].isidentifier() else None
     return DeadLetter(reason, f"document {doc_id!r}: {error}", default_id, name)
-

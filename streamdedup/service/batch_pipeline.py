@@ -44,13 +44,16 @@ _INDEX_STATS_INTERVAL_SECONDS = 5.0
 # Fetched batches not yet handed to their Kafka transaction: one waiting for its verdicts, the next ones signed
 # and queued in the decision process as soon as they are signed, so neither the decision process nor the
 # signing workers wait for this process's turn. A decision process that falls behind decides the batches queued
-# there together, which costs it less a batch: room for several lets it catch up (4 gave groups of 2-3, 8 of 2-6).
+# there together, which costs it less a batch: room for several lets it catch up.
 _UNPUBLISHED_BATCHES = 8
 # While consumption is paused (the index refuses batches, a decision process is replaced), the consumer is polled
 # this often: one that does not poll for max.poll.interval.ms (5 minutes) leaves the group.
 _PAUSED_POLL_SECONDS = 1.0
 # The first duplicates the running totals keep as examples (the demo prints them).
 _EXAMPLES = 5
+
+# What a batch is retried after: a storage error (full map or disk), or the decision process dying.
+_RECOVERABLE: tuple[type[Exception], ...] = (*STORAGE_ERRORS, DecisionProcessDied)
 
 
 class _Interrupted(Exception):
@@ -148,7 +151,7 @@ class BatchPipeline:
                 prepared, submission = unpublished[0]
                 try:
                     verdicts = await (await submission)
-                except (*STORAGE_ERRORS, DecisionProcessDied) as exc:
+                except _RECOVERABLE as exc:
                     await self._recover(consumer, unpublished, exc)
                     continue
                 except _Interrupted:
@@ -226,7 +229,7 @@ class BatchPipeline:
                         for record in prepared.records
                     )
                 )
-            except (*STORAGE_ERRORS, DecisionProcessDied) as exc:
+            except _RECOVERABLE as exc:
                 error = exc
                 continue
             break
@@ -339,7 +342,8 @@ class BatchPipeline:
                 if not await wait(self.decision_died(exc)):
                     raise _Interrupted from exc
                 await self.restart_decisions()
-                await self._decisions.rollback(_first_offsets(doc.origin for doc in documents[low:high]))
+                origins = (doc.origin for doc in documents[low:high] if doc.origin is not None)
+                await self._decisions.rollback(_first_offsets(origins))
                 if high - low == 1:
                     log.error("document %r kills the decision process; dead-lettering it", documents[low].id)
                     parts.append(crashed(width))
@@ -500,4 +504,3 @@ def _first_offsets(origins: Iterable[tuple[str, int, int]]) -> dict[tuple[str, i
         if offset < first.get((topic, partition), offset + 1):
             first[(topic, partition)] = offset
     return first
-

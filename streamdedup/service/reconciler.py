@@ -171,4 +171,3 @@ class Reconciler:
             consumer.resume(assigned)
         log.info("replayed %d records into the index", replayed)
         return True
-

@@ -82,7 +82,7 @@ class SignerSupervisor(Lifecycle):
             self._decisions.plan,
             # Every death of one of its workers, found the moment it happens (the stream may be idle), and only
             # there: a batch whose worker died is signed by the decision core and reports nothing.
-            on_death=lambda pool: loop.call_soon_threadsafe(self._died, pool),
+            on_death=lambda pool: self._report_death(loop, pool),
         )
         self._started = time.monotonic()
         return self._signers
@@ -90,6 +90,10 @@ class SignerSupervisor(Lifecycle):
     async def _warm_up(self, signers: SignerPool) -> None:
         await asyncio.gather(*map(asyncio.wrap_future, signers.warm_up()))
         log.info("%d signing workers ready", signers.workers, extra={"pids": signers.pids})
+
+    def _report_death(self, loop: asyncio.AbstractEventLoop, pool: SignerPool) -> None:
+        """From the pool's helper thread: hand the death over to the event loop."""
+        loop.call_soon_threadsafe(self._died, pool)
 
     def _died(self, signers: SignerPool) -> None:
         """A worker of ``signers`` died: the decision core signs the batches until new workers are ready. Once

@@ -71,7 +71,8 @@ def test_kafka_is_the_official_image_in_kraft_mode_at_the_tested_version() -> No
     advertised = {
         name: (host, port)
         for name, host, port in (
-            re.fullmatch(r"(\w+)://([\w.-]+):(\d+)", item).groups() for item in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+            re.fullmatch(r"(\w+)://([\w.-]+):(\d+)", item).groups()
+            for item in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
         )
     }
     published = {tuple(port.split(":")[:2]) for port in kafka["ports"]}

@@ -54,21 +54,36 @@ def test_sasl_password_comes_from_the_environment(monkeypatch: pytest.MonkeyPatc
 
 
 def test_sasl_without_credentials_is_a_config_error_naming_the_key() -> None:
-    with pytest.raises(ConfigError, match="kafka.security.*sasl_username and sasl_password"):
+    with pytest.raises(ConfigError, match=r"kafka\.security.*sasl_username and sasl_password"):
         load_settings(None, kafka={"security": {"protocol": "SASL_SSL"}})
 
 
 def test_unknown_mechanism_names_the_allowed_values() -> None:
-    with pytest.raises(ConfigError, match="kafka.security.sasl_mechanism.*SCRAM-SHA-256"):
+    with pytest.raises(ConfigError, match=r"kafka\.security\.sasl_mechanism.*SCRAM-SHA-256"):
         load_settings(None, kafka={"security": {"sasl_mechanism": "GSSAPI"}})
 
 
 def test_ssl_context_trusts_the_ca_and_loads_the_client_certificate(tmp_path: Path) -> None:
     key, cert = tmp_path / "client.key", tmp_path / "client.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=streamdedup-test",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=streamdedup-test",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     security = KafkaSecuritySettings(
         protocol="SSL", ssl_cafile=cert, ssl_certfile=cert, ssl_keyfile=key, ssl_check_hostname=False
@@ -191,7 +206,9 @@ async def test_tls_without_a_client_certificate_or_the_right_ca_is_refused(
     if missing == "client certificate":
         settings = secured_settings(secured_kafka.ssl, protocol="SSL", ssl_cafile=str(secured_kafka.ca))
     else:
-        settings = secured_settings(secured_kafka.ssl, protocol="SSL", ssl_cafile=str(secured_kafka.other_ca), **certificate)
+        settings = secured_settings(
+            secured_kafka.ssl, protocol="SSL", ssl_cafile=str(secured_kafka.other_ca), **certificate
+        )
     log = service_log(settings)
     producer = AIOKafkaProducer(**common_options(settings.kafka))
     with pytest.raises(KafkaConnectionError):

@@ -24,7 +24,9 @@ TopicFactory = Callable[..., Awaitable[str]]
 
 
 def _settings(bootstrap: str, **overrides: object) -> KafkaSettings:
-    return KafkaSettings(bootstrap_servers=bootstrap, transactional_id=f"producer-test-{uuid.uuid4().hex[:8]}", **overrides)
+    return KafkaSettings(
+        bootstrap_servers=bootstrap, transactional_id=f"producer-test-{uuid.uuid4().hex[:8]}", **overrides
+    )
 
 
 async def _committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
@@ -55,7 +57,9 @@ async def test_records_to_several_topics_and_the_offsets_commit_together(
         (b"second", None, []),
     ]
     copied = await kafka_consume(duplicates)
-    assert [(r.value, list(r.headers)) for r in copied] == [(b"copy", [("match-id", b"first"), ("match-distance", b"3")])]
+    assert [(r.value, list(r.headers)) for r in copied] == [
+        (b"copy", [("match-id", b"first"), ("match-distance", b"3")])
+    ]
     assert await _committed(kafka_bootstrap, group) == offsets
 
 

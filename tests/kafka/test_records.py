@@ -17,8 +17,17 @@ from streamdedup.kafka.records import (
 
 def record(value: bytes | None, headers: list[tuple[str, bytes]]) -> ConsumerRecord:
     return ConsumerRecord(
-        topic="news", partition=3, offset=41, timestamp=1_700_000_000_000, timestamp_type=0, key=b"k",
-        value=value, checksum=None, serialized_key_size=1, serialized_value_size=len(value or b""), headers=headers,
+        topic="news",
+        partition=3,
+        offset=41,
+        timestamp=1_700_000_000_000,
+        timestamp_type=0,
+        key=b"k",
+        value=value,
+        checksum=None,
+        serialized_key_size=1,
+        serialized_value_size=len(value or b""),
+        headers=headers,
     )
 
 
@@ -33,7 +42,9 @@ def test_novel_keeps_key_value_and_headers_and_adds_the_fingerprint() -> None:
 
 
 def test_duplicate_names_match_distance_reason_jaccard_threshold_and_source() -> None:
-    out = duplicate(record(b"v", []), "dups", "0000000000000000", "near", "news-3-7", 2, jaccard=0.859375, threshold=0.55)
+    out = duplicate(
+        record(b"v", []), "dups", "0000000000000000", "near", "news-3-7", 2, jaccard=0.859375, threshold=0.55
+    )
     assert out.headers == (
         ("streamdedup-fingerprint", b"0000000000000000"),
         ("streamdedup-match-id", b"news-3-7"),
@@ -49,7 +60,9 @@ def test_duplicate_names_match_distance_reason_jaccard_threshold_and_source() ->
 
 def test_a_duplicate_without_a_threshold_or_jaccard_leaves_those_headers_out() -> None:
     # dedup.verify off: no threshold decided.
-    headers = dict(duplicate(record(b"v", []), "dups", "00", "exact", "news-3-7", 0, jaccard=1.0, threshold=None).headers)
+    headers = dict(
+        duplicate(record(b"v", []), "dups", "00", "exact", "news-3-7", 0, jaccard=1.0, threshold=None).headers
+    )
     assert headers["streamdedup-match-jaccard"] == b"1.000" and "streamdedup-match-threshold" not in headers
     bare = dict(duplicate(record(b"v", []), "dups", "00", "near", "news-3-7", 9, jaccard=None, threshold=None).headers)
     assert "streamdedup-match-jaccard" not in bare and bare["streamdedup-match-distance"] == b"9"
@@ -67,10 +80,14 @@ def test_dead_letter_keeps_the_original_bytes_and_cuts_a_long_detail_on_a_charac
 
 
 def test_a_dead_letter_of_a_record_that_raised_names_the_error_class() -> None:
-    letter = DeadLetter("decode_error", "could not read the record: ValueError: too many digits", "news-3-41", "ValueError")
+    letter = DeadLetter(
+        "decode_error", "could not read the record: ValueError: too many digits", "news-3-41", "ValueError"
+    )
     headers = dict(dead_letter(record(b"{}", []), "dlq", letter).headers)
     assert headers["streamdedup-dead-letter-error"] == b"ValueError"
-    assert "streamdedup-dead-letter-error" not in dict(dead_letter(record(b"{}", []), "dlq", DeadLetter("x", "y", "z")).headers)
+    assert "streamdedup-dead-letter-error" not in dict(
+        dead_letter(record(b"{}", []), "dlq", DeadLetter("x", "y", "z")).headers
+    )
 
 
 def test_a_dead_letter_too_large_for_its_topic_is_cut_to_fit_keeping_key_and_headers() -> None:
@@ -79,7 +96,11 @@ def test_a_dead_letter_too_large_for_its_topic_is_cut_to_fit_keeping_key_and_hea
     whole = dead_letter(big, "dlq", letter)
     out = truncated_dead_letter(big, "dlq", letter, 10_000)
     assert record_bytes(out) <= 10_000 < record_bytes(whole)
-    assert (out.topic, out.key) == ("dlq", b"k") and 9_000 < len(out.value or b"") and big.value.startswith(out.value or b"x")
+    assert (
+        (out.topic, out.key) == ("dlq", b"k")
+        and 9_000 < len(out.value or b"")
+        and big.value.startswith(out.value or b"x")
+    )
     headers = dict(out.headers)
     assert headers["trace"] == b"t"
     assert headers["streamdedup-dead-letter-truncated"] == str(record_bytes(whole)).encode()
