@@ -224,8 +224,13 @@ class Deduplicator:
         *,
         source_offsets: Mapping[tuple[str, int], int] | None = None,
         signatures: Signatures | None = None,
+        part_offsets: Sequence[tuple[int, Mapping[tuple[str, int], int]]] | None = None,
     ) -> Verdicts:
         """Verdicts for ``docs`` in order; kept documents and ``source_offsets`` stored in one transaction.
+
+        ``part_offsets``, in place of ``source_offsets``: ``docs`` are consecutive batches, given as (end, the
+        source offsets after it); the index stores each as a batch of its own (in the same transaction), so that
+        a rollback to the offsets after any of them is exact.
 
         ``signatures`` of the documents' texts, when signed elsewhere (a :class:`SignerPool`), save signing here;
         signed under the index's plan, they also save keying the batch.
@@ -240,6 +245,16 @@ class Deduplicator:
             signatures = self.signer.sign([doc.text for doc in docs])
         elif len(signatures) != len(docs):
             raise ValueError(f"{len(signatures)} signatures for {len(docs)} documents")
+        if part_offsets is not None:
+            try:
+                return self._decide(docs, None, signatures, part_offsets)
+            except _BATCH_ERRORS:
+                raise
+            except Exception:
+                # Decided again in halves below, with the offsets after the last part.
+                source_offsets = {}
+                for _, offsets in part_offsets:
+                    source_offsets.update(offsets)
         return self._decided_or_apart(docs, source_offsets, signatures)
 
     def _decided_or_apart(
@@ -276,7 +291,11 @@ class Deduplicator:
         )
 
     def _decide(
-        self, docs: Sequence[Document], source_offsets: Mapping[tuple[str, int], int] | None, signatures: Signatures
+        self,
+        docs: Sequence[Document],
+        source_offsets: Mapping[tuple[str, int], int] | None,
+        signatures: Signatures,
+        part_offsets: Sequence[tuple[int, Mapping[tuple[str, int], int]]] | None = None,
     ) -> Verdicts:
         started = time.perf_counter()
         if signatures.keys is None or not signatures.keys.plan.same_lookup(self.index.plan):
@@ -327,6 +346,10 @@ class Deduplicator:
 
         looked_up = time.perf_counter()
         keep = np.flatnonzero(indexable & ~duplicate)
+        parts = None
+        if part_offsets is not None:
+            kept_ends = np.searchsorted(keep, [end for end, _ in part_offsets]).tolist()
+            parts = [(kept_end, offsets) for kept_end, (_, offsets) in zip(kept_ends, part_offsets, strict=True)]
         self.index.add(
             [ids[row] for row in keep],
             fps[keep],
@@ -337,6 +360,7 @@ class Deduplicator:
             origins=[origins[row] for row in keep],
             source_offsets=source_offsets,
             keys=keys.subset(keep),
+            parts=parts,
         )
         self.last_timings = BatchTimings(
             fingerprinted - started, looked_up - fingerprinted, time.perf_counter() - looked_up

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +56,17 @@ class _DecisionCore:
         one by one (the decision core's do not depend on batch boundaries), and the index's costs per
         transaction (its commit, its merge turn) are paid once for all of them."""
         docs = [Document(*row) for rows, _, _ in batches for row in rows]
-        source_offsets: dict[tuple[str, int], int] = {}
-        for _, offsets, _ in batches:
-            source_offsets.update(offsets)  # a later batch's next offset of a partition is the one to keep
+        # Each batch stored as one of its own: Kafka commits them one by one, and a rollback to the offsets
+        # after any of them must undo exactly the later ones.
+        ends = list(accumulate(len(rows) for rows, _, _ in batches))
+        part_offsets = [(end, offsets) for end, (_, offsets, _) in zip(ends, batches, strict=True)]
         signatures = Signatures.joined(
             [
                 self.dedup.signer.sign([row[1] for row in rows]) if signed is None else signed
                 for rows, _, signed in batches
             ]
         )
-        verdicts = self.dedup.decide(docs, source_offsets=source_offsets, signatures=signatures)
+        verdicts = self.dedup.decide(docs, signatures=signatures, part_offsets=part_offsets)
         timings = self.dedup.last_timings
         parts = verdicts.split([len(rows) for rows, _, _ in batches])
         return [(part, timings.share(len(part) / max(len(docs), 1), len(batches))) for part in parts]

@@ -960,9 +960,10 @@ async def test_kill_minus_9_twenty_times_mid_stream_publishes_exactly_the_offlin
     config_dict = overrides(
         kafka_bootstrap, topics, tmp_path / "index", batch_max_records=100, group_instance_id="crash-test"
     )
-    # Expiry removes entries all through the stream (its event times span 50,000 seconds), and rolled-back
-    # batches restore what they expired.
-    config_dict["index"].update(max_age_seconds=7200.0, time_bucket_seconds=600.0)
+    # Expiry removes entries all through the stream (its event times span 50,000 seconds), and so does
+    # max_entries (below the 6,000-7,000 entries expiry leaves): rolled-back batches restore what they removed,
+    # and what a document sees does not depend on where batches were cut (1,000 offline, 100 here).
+    config_dict["index"].update(max_age_seconds=7200.0, time_bucket_seconds=600.0, max_entries=3000)
     config = write_config(tmp_path / "config.yaml", config_dict)
     group = config_dict["kafka"]["group_id"]
     rng = random.Random(2024)

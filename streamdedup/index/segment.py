@@ -353,11 +353,25 @@ class SegmentIndex:
         origins: Sequence[tuple[str, int, int] | None] | None = None,
         source_offsets: Mapping[tuple[str, int], int] | None = None,
         keys: TableKeys | None = None,
+        parts: Sequence[tuple[int, Mapping[tuple[str, int], int]]] | None = None,
     ) -> None:
         """Store a batch (and the source offsets after it) in ONE write transaction; a re-added id replaces.
-        ``keys``: the batch's table keys, when already computed (``table_keys(index.plan, fps)``)."""
+        ``keys``: the batch's table keys, when already computed (``table_keys(index.plan, fps)``). ``parts``:
+        consecutive parts of the batch, as (end row, source offsets after it), in place of ``source_offsets``:
+        each is stored as a batch of its own in the same transaction, so a rollback to the offsets between two
+        parts undoes the later ones whole (one undo record each)."""
         batch = Batch.checked(self._lookup, ids, fps, times, payloads, origins, keys)
-        self._write(lambda txn: self._writes.add(txn, batch, source_offsets))
+        if parts is None:
+            self._write(lambda txn: self._writes.add(txn, batch, source_offsets))
+            return
+
+        def work(txn: Any) -> None:
+            start = 0
+            for end, offsets in parts:
+                self._writes.add(txn, batch.subset(np.arange(start, end)), offsets)
+                start = end
+
+        self._write(work)
 
     # ----------------------------------------------------------------- removal, expiry, rollback
 

@@ -18,7 +18,7 @@ from .store import Store, seq_bytes
 
 __all__ = ["UNDO_BATCHES", "Undo", "UndoRecord", "UndoRecords"]
 
-UNDO_BATCHES = 8
+UNDO_BATCHES = 16
 """Batches that stored entries whose changes ``rollback`` can undo exactly: the service has at most two
 uncommitted in Kafka, and a batch that fails in part is stored in several."""
 
