@@ -318,20 +318,25 @@ def test_hot_keys_leave_candidates_per_document_bounded_and_copies_caught(
         assert sum(v.novel for v in bounded) < 20
 
 
-def test_a_replay_after_a_rollback_decides_as_the_first_run(settings: Settings, tmp_path: Path) -> None:
-    """Expiry and max_entries remove entries while the stream runs; batches rolled back and replayed (as the
-    service does after a crash) end with the verdicts, entries and clock of a run without rollbacks."""
-    rng = random.Random(9)
-    words = [f"w{i}" for i in range(400)]
+def _edited_stream(rng: random.Random, count: int, vocabulary: int) -> list[Document]:
+    """Texts of 16 words, 40 % of them an earlier text with one word changed, at one second apart."""
+    words = [f"w{i}" for i in range(vocabulary)]
     texts: list[str] = []
-    for _ in range(700):
+    for _ in range(count):
         if texts and rng.random() < 0.4:
             text = rng.choice(texts).split()
             text[rng.randrange(len(text))] = rng.choice(words)
             texts.append(" ".join(text))
         else:
             texts.append(" ".join(rng.choice(words) for _ in range(16)))
-    stream = [Document(f"d{i}", text, float(i), ("in", 0, i)) for i, text in enumerate(texts)]
+    return [Document(f"d{i}", text, float(i), ("in", 0, i)) for i, text in enumerate(texts)]
+
+
+def test_a_replay_after_a_rollback_decides_as_the_first_run(settings: Settings, tmp_path: Path) -> None:
+    """Expiry and max_entries remove entries while the stream runs; batches rolled back and replayed (as the
+    service does after a crash) end with the verdicts, entries and clock of a run without rollbacks."""
+    rng = random.Random(9)
+    stream = _edited_stream(rng, 700, 400)
     bounds = [0]
     while bounds[-1] < len(stream):
         bounds.append(min(len(stream), bounds[-1] + rng.randint(5, 40)))
@@ -367,17 +372,8 @@ def test_batches_decided_together_roll_back_one_by_one(settings: Settings, tmp_p
     """The service's decision process decides queued batches together, in one transaction, while Kafka commits
     them one by one: a rollback to the offsets between two of them ends as if they had been decided apart."""
     rng = random.Random(4)
-    words = [f"w{i}" for i in range(300)]
-    texts: list[str] = []
-    for _ in range(900):
-        if texts and rng.random() < 0.4:
-            text = rng.choice(texts).split()
-            text[rng.randrange(len(text))] = rng.choice(words)
-            texts.append(" ".join(text))
-        else:
-            texts.append(" ".join(rng.choice(words) for _ in range(16)))
-    stream = [Document(f"d{i}", text, float(i), ("in", 0, i)) for i, text in enumerate(texts)]
-    bounds = list(range(0, len(stream), 30)) + [len(stream)]
+    stream = _edited_stream(rng, 900, 300)
+    bounds = [*range(0, len(stream), 30), len(stream)]
     index = settings.index.model_copy(
         update={"max_age_seconds": 200.0, "time_bucket_seconds": 10.0, "max_entries": 100}
     )
