@@ -22,6 +22,7 @@ import numpy as np
 from .document import Document
 from .index import STORAGE_ERRORS, SegmentIndex, TableKeys
 from .minhash import SKETCH_DTYPE
+from .names import NOT_DECIDED
 from .settings import Settings
 from .signature import BatchPairs, Signatures, Signer, signing_id
 
@@ -285,7 +286,7 @@ class Deduplicator:
         log.error("document %r cannot be decided", doc.id, exc_info=error)
         if source_offsets:
             self.index.add([], signatures.fingerprints[:0], source_offsets=source_offsets)
-        reason = f"not decided: {type(error).__name__}: {error}"
+        reason = f"{NOT_DECIDED}: {type(error).__name__}: {error}"
         return Verdicts(
             np.ones(1, dtype=bool), ["unindexable"], signatures.fingerprints, [None], [None], [None], (reason,)
         )
@@ -320,11 +321,12 @@ class Deduplicator:
         while True:
             redelivered = redeliveries.best(redeliveries.visible(kept_before, self._max_entries))
             # An id settles what it names, whatever a text's nearest match.
-            matches = stored.best(stored.visible(kept_before, self._max_entries)) | redelivered
+            stored_matches = stored.best(stored.visible(kept_before, self._max_entries)) | redelivered
+            matches = dict(stored_matches)
             by_id = set(redelivered) | self._resolve_within_batch(ids, times, pairs, matches, repeats, kept_before)
             if pairs.copies is not None and self._kept_later_copy(indexable, pairs.copies, matches):
                 # Only first copies were candidates, which is exact while no later copy is kept: here one is.
-                matches = stored.best(stored.visible(kept_before, self._max_entries)) | redelivered
+                matches = dict(stored_matches)
                 every_pair = self.signer.keyed(signatures, every_pair=True).pairs
                 assert every_pair is not None
                 pairs = every_pair

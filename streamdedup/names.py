@@ -46,6 +46,8 @@ __all__ = [
     "INDEX_DB_TOPICS",
     "INDEX_DB_UNDO",
     "METRIC_PREFIX",
+    "NOT_DECIDED",
+    "NOT_SIGNED",
 ]
 
 # Kafka headers the service adds to what it publishes.
@@ -91,6 +93,9 @@ DEAD_LETTER_UNREADABLE = "unreadable_record"
 # Fingerprinting or sketching the text raised, or the decision core could not decide the document.
 DEAD_LETTER_SIGN_ERROR = "sign_error"
 DEAD_LETTER_DECIDE_ERROR = "decide_error"
+# How a verdict's error begins ("<prefix>: Class: message"), so the service tells the two apart.
+NOT_SIGNED = "could not sign this text"
+NOT_DECIDED = "not decided"
 # What the service would publish for the record is larger than its topic (or the producer) accepts.
 DEAD_LETTER_OUTPUT_TOO_LARGE = "output_too_large"
 # Deciding the document killed the decision process (a native crash, the OOM killer), found by deciding its batch

@@ -22,6 +22,7 @@ from .features import FeatureExtractor
 from .fingerprint import FingerprintBatch, Fingerprinter
 from .index import IndexPlan, TableKeys, first_copies, table_keys
 from .minhash import EMPTY_SLOT, SKETCH_DTYPE, BottomK
+from .names import NOT_SIGNED
 from .settings import DedupSettings, FingerprintSettings
 from .workers import WorkerProcess
 
@@ -143,7 +144,7 @@ class Signer:
         return Signatures(
             np.zeros((count, width), dtype=np.uint64),
             np.full((count, self.sketcher.k), EMPTY_SLOT, dtype=SKETCH_DTYPE),
-            (f"could not sign this text: {type(error).__name__}: {error}",) * count,
+            (f"{NOT_SIGNED}: {type(error).__name__}: {error}",) * count,
             np.zeros(count, dtype=bool),
         )
 

@@ -34,6 +34,7 @@ from ..names import (
     DEAD_LETTER_OUTPUT_TOO_LARGE,
     DEAD_LETTER_SIGN_ERROR,
     DEAD_LETTER_UNREADABLE,
+    NOT_DECIDED,
 )
 from ..settings import Settings
 from ..signature import Signatures
@@ -222,7 +223,7 @@ def _failed(error: str, doc_id: str, default_id: str) -> DeadLetter:
     if error == _DECIDE_CRASH:
         reason = DEAD_LETTER_DECIDE_CRASH
     else:
-        reason = DEAD_LETTER_DECIDE_ERROR if error.startswith("not decided:") else DEAD_LETTER_SIGN_ERROR
+        reason = DEAD_LETTER_DECIDE_ERROR if error.startswith(f"{NOT_DECIDED}:") else DEAD_LETTER_SIGN_ERROR
     parts = error.split(": ", 2)
     name = parts[1] if len(parts) == 3 and parts[1].isidentifier() else None
     return DeadLetter(reason, f"document {doc_id!r}: {error}", default_id, name)
