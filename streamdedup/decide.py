@@ -509,16 +509,19 @@ class Deduplicator:
         none = np.zeros(len(ids), dtype=np.int64)
         if not len(rows) or not len(self.index):
             return _StoredCandidates.none(), none
-        found, records = self.index.search_entries(
-            fps[rows], keys=keys.subset(rows), max_candidates=self._max_candidates
-        )
+        found = self.index.candidates(fps[rows], keys=keys.subset(rows), max_candidates=self._max_candidates)
         if not len(found):
             return _StoredCandidates.none(), none
         query = rows[found.rows]
         candidates = np.bincount(query, minlength=len(ids))
-        stored_sketches = records.payloads.view(SKETCH_DTYPE)
-        jaccard = self.sketcher.jaccard(sketches[query], stored_sketches)
-        order = self._ranked(query, found.entries, found.distances, jaccard, records.times, times[query])
+        jaccard = self.sketcher.jaccard(sketches[query], found.payloads.view(SKETCH_DTYPE))
+        # Most candidates fail: only those that pass have their records read.
+        passed = np.flatnonzero(self._accepts(jaccard) & self._fresh(found.times, times[query]))
+        present, records = self.index.records_of(found.entries[passed])
+        passed = passed[present]
+        query, entries, jaccard = query[passed], found.entries[passed], jaccard[passed]
+        distances = np.bitwise_count(records.fingerprints ^ fps[query]).sum(axis=1).astype(np.int64)
+        order = self._ranked(query, entries, distances, jaccard, records.times, times[query])
         # A replayed record (the same origin) is not its own duplicate.
         replayed = np.fromiter(
             (origins[query[i]] is not None and records.origin(i) == origins[query[i]] for i in order.tolist()),
@@ -526,8 +529,8 @@ class Deduplicator:
             count=len(order),
         )
         order = order[~replayed]
-        kept_after = self.index.kept_after(found.entries[order])
-        candidates_found = _StoredCandidates(query[order], kept_after, order, records.ids, found.distances, jaccard)
+        kept_after = self.index.kept_after(entries[order])
+        candidates_found = _StoredCandidates(query[order], kept_after, order, records.ids, distances, jaccard)
         return candidates_found, candidates
 
     @staticmethod

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from .keys import TableKeys, first_copies, table_keys
 from .plan import IndexPlan, PlanError, make_plan
-from .segment import STORAGE_ERRORS, EntryRecords, IndexStorageError, SearchResult, SegmentIndex, planned
+from .segment import STORAGE_ERRORS, Candidates, EntryRecords, IndexStorageError, SearchResult, SegmentIndex, planned
 
 __all__ = [
     "STORAGE_ERRORS",
+    "Candidates",
     "EntryRecords",
     "IndexPlan",
     "IndexStorageError",

@@ -168,14 +168,14 @@ class Cached:
         if current is None or current.covers != keyed:
             if not state.writing:
                 return None
-            current = TableMirror.empty(keyed, len(self.store.tables), self.mirror_bytes)
+            current = TableMirror.empty(keyed, len(self.store.tables), self.mirror_bytes, self.store.fmt.payload_bytes)
         if state.writing:
             state.mirror = current
         return current
 
     def read_mirror(self, txn: Any) -> TableMirror | None:
-        """The mirror for reading records: a write transaction's view may hold what it then aborts, so only read
-        transactions go through the cached records."""
+        """The mirror for reading records' times and payloads: a write transaction's view may hold what it then
+        aborts, so only read transactions go through the cached ones."""
         return None if self._txn.writing else self.table_mirror(txn)
 
     def mirror_inserted(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
@@ -200,10 +200,10 @@ class Cached:
         if mirror is not None:
             self._txn.mirror = mirror.with_table(table, rows)
 
-    def entries_removed(self, txn: Any, seq_keys: list[bytes]) -> None:
+    def entries_removed(self, txn: Any, entries: np.ndarray) -> None:
         mirror = self.table_mirror(txn)
         if mirror is not None:
-            mirror.records.forget(seq_keys)
+            mirror.records.forget(entries)
 
     # ----------------------------------------------------------------- key filter
 

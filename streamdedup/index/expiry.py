@@ -102,7 +102,7 @@ class Expiry:
         if not n:
             return 0
         seq_keys = seq_bytes(entries)
-        self.cached.entries_removed(txn, seq_keys)
+        self.cached.entries_removed(txn, entries)
         id_bytes = [x.encode() for x in ids]
         id_keys = keys_of_ids(id_bytes)
         if undo is not None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
-from itertools import compress, repeat
-from operator import is_not, itemgetter
+from functools import cached_property, partial
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ from .plan import scatter_bits
 from .sorted_rows import expand_ranges
 from .store import NO_TOPIC, U64, Store, seq_bytes
 
-__all__ = ["EntryRecords", "Lookup", "SearchResult", "reordered"]
+__all__ = ["Candidates", "EntryRecords", "Lookup", "SearchResult", "reordered"]
 
 _ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
 
@@ -31,6 +30,20 @@ class SearchResult:
     rows: np.ndarray
     entries: np.ndarray
     distances: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Stored entries found for query rows, sorted by (row, entry key), with what verifying them needs: each
+    entry's event time and payload (its sketch). The rest of a record is read for the few that pass."""
+
+    rows: np.ndarray
+    entries: np.ndarray
+    times: np.ndarray
+    payloads: np.ndarray
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -105,10 +118,89 @@ class Lookup:
         keys: TableKeys | None = None,
         max_candidates: int | None = None,
     ) -> tuple[SearchResult, EntryRecords | None]:
-        n = len(fps)
         empty = SearchResult(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
-        if n == 0:
+        found = self._found(txn, fps, keys, max_candidates)
+        if found is None:
             return empty, None
+        rows_q, seqs, folds = found
+        radius = self.fmt.plan.radius
+        records = None
+        if self.fmt.words == 1:
+            distances = np.bitwise_count(folds ^ fps[rows_q, 0]).astype(np.int64)
+        if self.fmt.words > 1 or min_time is not None:
+            records = self.records(txn, np.unique(seqs))
+            slot = np.searchsorted(records.entries, seqs)
+            present = slot < len(records.entries)
+            present[present] = records.entries[slot[present]] == seqs[present]
+            rows_q, seqs, slot = rows_q[present], seqs[present], slot[present]
+            if self.fmt.words == 1:
+                distances = distances[present]
+            else:
+                distances = np.bitwise_count(records.fingerprints[slot] ^ fps[rows_q]).sum(axis=1).astype(np.int64)
+            keep = distances <= radius
+            if min_time is not None:
+                keep &= records.times[slot] >= min_time
+            rows_q, seqs, distances = rows_q[keep], seqs[keep], distances[keep]
+        word = packed([rows_q, distances, seqs]) if len(rows_q) else None
+        order = np.lexsort((seqs, distances, rows_q)) if word is None else np.argsort(word[0])
+        return SearchResult(rows_q[order], seqs[order], distances[order]), records
+
+    def candidates(
+        self, txn: Any, fps: np.ndarray, keys: TableKeys | None = None, max_candidates: int | None = None
+    ) -> Candidates:
+        """The stored entries within the radius of each query (as :meth:`search`), with their times and
+        payloads: on an entry-valued index through the writer's cache of them, without reading the records."""
+        none = Candidates(
+            np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0), np.zeros((0, self.fmt.payload_bytes), np.uint8)
+        )
+        if not self.fmt.entry_valued:
+            result, records = self.search(txn, fps, None, keys, max_candidates)
+            if not len(result):
+                return none
+            if records is None:
+                records = self.records(txn, result.entries)
+            slot = np.searchsorted(records.entries, result.entries)
+            return Candidates(result.rows, result.entries, records.times[slot], records.payloads[slot])
+        found = self._found(txn, fps, keys, max_candidates)
+        if found is None:
+            return none
+        rows, entries, _ = found
+        distinct, inverse = np.unique(entries, return_inverse=True)
+        mirror = self.cached.read_mirror(txn)
+        if mirror is None:
+            held, times, payloads = self._times_and_payloads(txn, distinct)
+        else:
+            held, times, payloads = mirror.records.read(distinct, partial(self._times_and_payloads, txn))
+        if len(held) < len(distinct):
+            # Entries removed since their table rows were written.
+            slot = np.searchsorted(held, distinct)
+            present = slot < len(held)
+            present[present] = held[slot[present]] == distinct[present]
+            kept = present[inverse]
+            rows, entries, inverse = rows[kept], entries[kept], np.cumsum(present)[inverse[kept]] - 1
+        return Candidates(rows, entries, times[inverse], payloads[inverse])
+
+    def _times_and_payloads(self, txn: Any, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Of these entry keys (ascending, distinct), those stored, with their event times and payloads."""
+        with txn.cursor(self.store.entries) as cursor:
+            found = cursor.getmulti(seq_bytes(entries))
+        size = self.fmt.record.itemsize
+        head = np.frombuffer(b"".join(map(itemgetter(slice(None, size)), map(itemgetter(1), found))), self.fmt.record)
+        held = (
+            entries
+            if len(found) == len(entries)
+            else np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=U64).astype(np.uint64)
+        )
+        return held, head["time"].astype(np.float64), head["payload"].reshape(len(head), self.fmt.payload_bytes)
+
+    def _found(
+        self, txn: Any, fps: np.ndarray, keys: TableKeys | None, max_candidates: int | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The (query row, entry key) pairs the tables name, each with what its table row held (the entry key, or
+        on a fold-valued index the entry's 64-bit fold, within the radius); None: none."""
+        n = len(fps)
+        if n == 0:
+            return None
         radius = self.fmt.plan.radius
         batch_keys = self.table_keys(fps, keys)
         tables = len(self.store.tables)
@@ -143,7 +235,7 @@ class Lookup:
                     found_values.append(staged_values)
         # Nothing found (probes can pass the key filter on a removed row's bit, or miss the staged rows).
         if not found_probes:
-            return empty, None
+            return None
         probe_of, stored = np.concatenate(found_probes), np.concatenate(found_values)
         found_at = flat[probe_of]
         # Each stored row pairs with every batch row of its key's run (usually one): rows of a key that several
@@ -162,7 +254,7 @@ class Lookup:
             near_more = np.flatnonzero(np.bitwise_count(stored[source] ^ values[more_at]) <= radius)
             near_at = np.concatenate([found_at[near], more_at[near_more]])
             if not len(near_at):
-                return empty, None
+                return None
             rows = np.concatenate([near, source[near_more]])
             named = self._folds_from_found(near_at // n, probed[probe_of[rows]], stored[rows])
         qi = batch_keys.rows.ravel()[near_at]
@@ -172,35 +264,15 @@ class Lookup:
             best = best[batch_keys.well_shared(qi[best], shared[best])]
             qi, named = qi[best], named[best]
         if self.fmt.entry_valued:
-            rows_q, seqs = qi, named
-        else:
-            unique_folds, inverse = np.unique(named, return_inverse=True)
-            with txn.cursor(self.store.folds) as cursor:
-                raw = cursor.getmulti(seq_bytes(unique_folds), dupdata=True, dupfixed_bytes=8, keyfixed=True)
-            rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 16)
-            pair, ri = _group_expand(unique_folds, inverse, rows[:, :8].copy().view(U64).ravel().astype(np.uint64))
-            rows_q = qi[pair]
-            seqs = rows[ri, 8:].copy().view(U64).ravel().astype(np.uint64)
-        records = None
-        if self.fmt.words == 1:
-            distances = np.bitwise_count(named[pair] ^ fps[rows_q, 0]).astype(np.int64)
-        if self.fmt.words > 1 or min_time is not None:
-            records = self.records(txn, np.unique(seqs))
-            slot = np.searchsorted(records.entries, seqs)
-            present = slot < len(records.entries)
-            present[present] = records.entries[slot[present]] == seqs[present]
-            rows_q, seqs, slot = rows_q[present], seqs[present], slot[present]
-            if self.fmt.words == 1:
-                distances = distances[present]
-            else:
-                distances = np.bitwise_count(records.fingerprints[slot] ^ fps[rows_q]).sum(axis=1).astype(np.int64)
-            keep = distances <= radius
-            if min_time is not None:
-                keep &= records.times[slot] >= min_time
-            rows_q, seqs, distances = rows_q[keep], seqs[keep], distances[keep]
-        word = packed([rows_q, distances, seqs]) if len(rows_q) else None
-        order = np.lexsort((seqs, distances, rows_q)) if word is None else np.argsort(word[0])
-        return SearchResult(rows_q[order], seqs[order], distances[order]), records
+            return qi, named, named
+        unique_folds, inverse = np.unique(named, return_inverse=True)
+        with txn.cursor(self.store.folds) as cursor:
+            raw = cursor.getmulti(seq_bytes(unique_folds), dupdata=True, dupfixed_bytes=8, keyfixed=True)
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 16)
+        pair, ri = _group_expand(unique_folds, inverse, rows[:, :8].copy().view(U64).ravel().astype(np.uint64))
+        rows_q = qi[pair]
+        seqs = rows[ri, 8:].copy().view(U64).ravel().astype(np.uint64)
+        return rows_q, seqs, named[pair]
 
     def _folds_from_found(self, table_of: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
         """``_folds_from_rows`` of rows from several tables (``table_of`` each)."""
@@ -224,23 +296,16 @@ class Lookup:
     def fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
         """Raw records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
         seqs = np.unique(np.asarray(seqs, dtype=np.uint64))
-        mirror = self.cached.read_mirror(txn)
         with txn.cursor(self.store.entries) as cursor:
-            if mirror is None:
-                found = cursor.getmulti(seq_bytes(seqs))
-                values = list(map(itemgetter(1), found))
-            else:
-                held = mirror.records.read(seq_bytes(seqs), cursor.getmulti)
-                present = np.fromiter(map(is_not, held, repeat(None)), dtype=bool, count=len(held))
-                values = held if present.all() else list(compress(held, present))
+            found = cursor.getmulti(seq_bytes(seqs))
+        values = list(map(itemgetter(1), found))
         size = self.fmt.record.itemsize
         # Every key found (the usual case): the entries are the keys asked for.
-        if len(values) == len(seqs):
-            entries = seqs
-        elif mirror is None:
-            entries = np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=U64).astype(np.uint64)
-        else:
-            entries = seqs[present]
+        entries = (
+            seqs
+            if len(values) == len(seqs)
+            else np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=U64).astype(np.uint64)
+        )
         # Heads and ids each joined in one pass of C (map with itemgetter), not sliced record by record; ids
         # stay bytes until read.
         head = np.frombuffer(b"".join(map(itemgetter(slice(None, size)), values)), dtype=self.fmt.record)

@@ -1,5 +1,5 @@
-"""A writer's copy in memory of an entry-valued index's merged tables, as sorted rows, and of the entry
-records it read lately.
+"""A writer's copy in memory of an entry-valued index's merged tables, as sorted rows, and of the event times
+and payloads of the entries it read lately.
 
 A table key found in LMDB costs ~1.5 us here, most of it cache and TLB misses in B-tree pages spread over the
 map; the same keys in sorted arrays cost a fraction of that. LMDB stays the truth: the copy is used only while
@@ -9,69 +9,85 @@ process makes the copy stale and it is dropped; rows of removed entries left in 
 lookup drops candidates whose entry is gone.
 
 Records never change while their entry lives (entry keys only grow, never reused once committed), so the
-records a lookup read stay true until their entry is removed: the writer's own removals take them out, and a
-batch of another process drops the copy with its tables. Lookups on templates and boilerplate read the same
-few records (a hot key leads to its first entries) batch after batch; here they cost a dictionary lookup.
+times and payloads a lookup read stay true until their entry is removed: the writer's own removals take them
+out, and a batch of another process drops the copy with its tables. Every candidate is verified on its payload
+(the sketch) and its time, and lookups on templates and boilerplate read the same few entries (a hot key leads
+to its first entries) batch after batch: here they cost two gathers, not an LMDB read and a copy of the record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from itertools import islice, repeat
-from operator import is_
 
 import numpy as np
 
 from .sorted_rows import SortedRows
 
-__all__ = ["MIRROR_RECORD_BYTES", "MIRROR_ROW_BYTES", "RecordCache", "TableMirror"]
+__all__ = ["MIRROR_ROW_BYTES", "RecordCache", "TableMirror"]
 
 MIRROR_ROW_BYTES = 16
 """Memory a mirrored row takes: its key and its value, 64 bits each (probes are 64-bit: narrower keys would
 make every binary search convert the whole array)."""
 
-MIRROR_RECORD_BYTES = 640
-"""Memory a cached record takes: a stored document's record (about 450 bytes) as a bytes object, and its
-dictionary slot and key."""
-
 _RECORDS_SHARE = 4
 """The records take this fraction (1/4) of the budget, the tables the rest."""
 
+_NO_ENTRY = np.uint64(np.iinfo(np.uint64).max)
+
+Fetch = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+"""Entry keys (ascending, distinct) -> those found, their event times and their payloads."""
+
 
 class RecordCache:
-    """Raw entry records by entry key (big-endian bytes), the latest ``max_records`` read, oldest out first."""
+    """The event time and payload of entries read lately, by entry key: a direct-mapped cache of ``slots``
+    rows (an entry's slot is its key modulo their number), filled by the lookups that miss it. Entry keys are
+    consecutive, so the newest entries never evict one another, and an old entry a hot key leads to stays until
+    an entry of its slot is read."""
 
-    def __init__(self, max_records: int) -> None:
-        self.max_records = max_records
-        self._records: dict[bytes, bytes] = {}
+    def __init__(self, slots: int, payload_bytes: int) -> None:
+        self.slots = slots
+        self.payload_bytes = payload_bytes
+        self._entries = np.full(slots, _NO_ENTRY, dtype=np.uint64)
+        self._times = np.zeros(slots, dtype=np.float64)
+        self._payloads = np.zeros((slots, payload_bytes), dtype=np.uint8)
+
+    @staticmethod
+    def row_bytes(payload_bytes: int) -> int:
+        """Memory a cached entry takes: its key, its time and its payload."""
+        return 16 + payload_bytes
 
     def __len__(self) -> int:
-        return len(self._records)
+        return int(np.count_nonzero(self._entries != _NO_ENTRY))
 
-    def read(self, keys: list[bytes], fetch: Callable[[list[bytes]], list[tuple[bytes, bytes]]]) -> list[bytes | None]:
-        """The record of each key, None where no entry has it: those not held come from ``fetch`` (LMDB's
-        ``getmulti``: the (key, record) pairs of the keys found) and are held from then on."""
-        records = self._records
-        values = list(map(records.get, keys))
-        missing = np.flatnonzero(np.fromiter(map(is_, values, repeat(None)), dtype=bool, count=len(values)))
-        if not len(missing):
-            return values
-        fetched = fetch([keys[i] for i in missing.tolist()])
-        records.update(fetched)
-        for i, value in zip(missing.tolist(), map(records.get, (keys[i] for i in missing.tolist())), strict=True):
-            values[i] = value
-        excess = len(records) - self.max_records
-        if excess > 0:
-            for key in list(islice(records, excess)):
-                del records[key]
-        return values
+    def read(self, entries: np.ndarray, fetch: Fetch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The entries of ``entries`` (ascending, distinct) that exist, with their times and payloads: those not
+        held come from ``fetch`` (LMDB) and are held from then on."""
+        if not self.slots:
+            return fetch(entries)
+        slot = (entries % np.uint64(self.slots)).astype(np.intp)
+        held = self._entries[slot] == entries
+        times, payloads = self._times[slot], self._payloads[slot]
+        if held.all():
+            return entries, times, payloads
+        missing = np.flatnonzero(~held)
+        found, found_times, found_payloads = fetch(entries[missing])
+        at = missing[np.searchsorted(entries[missing], found)]
+        times[at], payloads[at] = found_times, found_payloads
+        present = held
+        present[at] = True
+        # Two entries read together may share a slot: the later one is held.
+        self._entries[slot[at]], self._times[slot[at]], self._payloads[slot[at]] = found, found_times, found_payloads
+        if present.all():
+            return entries, times, payloads
+        return entries[present], times[present], payloads[present]
 
-    def forget(self, keys: list[bytes]) -> None:
-        """Drop the records of removed entries."""
-        pop = self._records.pop
-        for key in keys:
-            pop(key, None)
+    def forget(self, entries: np.ndarray) -> None:
+        """Drop removed entries."""
+        if not self.slots or not len(entries):
+            return
+        slot = (entries % np.uint64(self.slots)).astype(np.intp)
+        self._entries[slot[self._entries[slot] == entries]] = _NO_ENTRY
 
 
 @dataclass(frozen=True)
@@ -84,13 +100,14 @@ class TableMirror:
     covers: int
     tables: tuple[SortedRows | None, ...]
     max_rows: int
-    records: RecordCache = field(default_factory=lambda: RecordCache(0))
+    records: RecordCache = field(default_factory=lambda: RecordCache(0, 0))
 
     @classmethod
-    def empty(cls, covers: int, tables: int, budget_bytes: int) -> TableMirror:
+    def empty(cls, covers: int, tables: int, budget_bytes: int, payload_bytes: int) -> TableMirror:
         records = budget_bytes // _RECORDS_SHARE
         rows = (budget_bytes - records) // (MIRROR_ROW_BYTES * max(tables, 1))
-        return cls(covers, (None,) * tables, rows, RecordCache(records // MIRROR_RECORD_BYTES))
+        cache = RecordCache(records // RecordCache.row_bytes(payload_bytes), payload_bytes)
+        return cls(covers, (None,) * tables, rows, cache)
 
     def fits(self, rows: int) -> bool:
         return rows <= self.max_rows

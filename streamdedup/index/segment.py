@@ -66,15 +66,23 @@ from .cached import Cached
 from .expiry import Expiry
 from .format import IndexFormat, planned
 from .keys import TableKeys
-from .lookup import EntryRecords, Lookup, SearchResult, reordered
-from .mirror import MIRROR_RECORD_BYTES
+from .lookup import Candidates, EntryRecords, Lookup, SearchResult, reordered
+from .mirror import RecordCache
 from .plan import IndexPlan, PlanError
 from .staging import Staging
 from .store import META_COUNT, U64, Store, bucket_start, keys_of_ids, open_db
 from .undo import UndoRecords
 from .writes import Batch, Writes
 
-__all__ = ["STORAGE_ERRORS", "EntryRecords", "IndexStorageError", "SearchResult", "SegmentIndex", "planned"]
+__all__ = [
+    "STORAGE_ERRORS",
+    "Candidates",
+    "EntryRecords",
+    "IndexStorageError",
+    "SearchResult",
+    "SegmentIndex",
+    "planned",
+]
 
 _T = TypeVar("_T")
 
@@ -305,6 +313,26 @@ class SegmentIndex:
                 records = self._lookup.records(txn, result.entries)
         return result, reordered(records, np.searchsorted(records.entries, result.entries))
 
+    def candidates(
+        self, fps: np.ndarray, *, keys: TableKeys | None = None, max_candidates: int | None = None
+    ) -> Candidates:
+        """The stored entries ``search`` finds, with the event time and payload of each: what a decision verifies
+        every candidate with. Their records (:meth:`records_of`) are read for the few that pass."""
+        fps = self._lookup.checked(fps)
+        with self._read() as txn:
+            return self._lookup.candidates(txn, fps, keys, max_candidates)
+
+    def records_of(self, entries: np.ndarray) -> tuple[np.ndarray, EntryRecords]:
+        """The records of these entry keys: the position in ``entries`` of each one still stored (ascending),
+        and its record, row for row."""
+        entries = np.asarray(entries, dtype=np.uint64)
+        with self._read() as txn:
+            records = self._lookup.records(txn, entries)
+        slot = np.searchsorted(records.entries, entries)
+        present = slot < len(records.entries)
+        present[present] = records.entries[slot[present]] == entries[present]
+        return np.flatnonzero(present), reordered(records, slot[present])
+
     def entries_with_ids(self, ids: Sequence[str]) -> tuple[np.ndarray, EntryRecords]:
         """The stored entries of these ids: the position in ``ids`` of each one found (ascending), and its
         entry's record, row for row."""
@@ -444,7 +472,7 @@ class SegmentIndex:
             count = self._store.counter(txn, META_COUNT)
         mirror = self._cached.mirror
         mirrored = [rows for rows in mirror.tables if rows is not None] if mirror is not None else []
-        records = 0 if mirror is None else len(mirror.records) * MIRROR_RECORD_BYTES
+        records = 0 if mirror is None else len(mirror.records) * RecordCache.row_bytes(self.fmt.payload_bytes)
         return {
             "entries": count,
             "disk_bytes": sum(self._disk_bytes().values()),
