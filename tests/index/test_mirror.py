@@ -1,6 +1,6 @@
 import numpy as np
 
-from streamdedup.index.mirror import MIRROR_RECORD_BYTES, MIRROR_ROW_BYTES, RecordCache, TableMirror
+from streamdedup.index.mirror import MIRROR_ROW_BYTES, RecordCache, TableMirror
 from streamdedup.index.sorted_rows import SortedRows
 
 
@@ -11,13 +11,13 @@ def _rows(count: int) -> SortedRows:
 
 def test_the_budget_is_shared_evenly_and_a_table_over_its_share_is_not_mirrored() -> None:
     # A quarter of the budget for the records read lately, the rest shared evenly by the tables.
-    budget = 4 * 3 * MIRROR_RECORD_BYTES
-    assert budget * 3 // 4 == 4 * 90 * MIRROR_ROW_BYTES
-    mirror = TableMirror.empty(covers=7, tables=4, budget_bytes=budget)
-    assert (mirror.covers, mirror.max_rows, mirror.tables) == (7, 90, (None, None, None, None))
-    assert mirror.records.max_records == 3
-    assert mirror.fits(90) and not mirror.fits(91)
-    mirror = TableMirror.empty(covers=7, tables=4, budget_bytes=4 * 10 * MIRROR_ROW_BYTES * 4 // 3)
+    budget = 4 * 3 * RecordCache.row_bytes(256)
+    assert budget - budget // 4 == 4 * 38 * MIRROR_ROW_BYTES + 16
+    mirror = TableMirror.empty(covers=7, tables=4, budget_bytes=budget, payload_bytes=256)
+    assert (mirror.covers, mirror.max_rows, mirror.tables) == (7, 38, (None, None, None, None))
+    assert mirror.records.slots == 3
+    assert mirror.fits(38) and not mirror.fits(39)
+    mirror = TableMirror.empty(covers=7, tables=4, budget_bytes=4 * 10 * MIRROR_ROW_BYTES * 4 // 3, payload_bytes=8)
     assert mirror.max_rows == 10
     assert mirror.fits(10) and not mirror.fits(11)
     filled = mirror.with_table(1, _rows(10))
@@ -30,34 +30,44 @@ def test_the_budget_is_shared_evenly_and_a_table_over_its_share_is_not_mirrored(
 
 
 def test_advancing_keeps_every_table_and_moves_the_count() -> None:
-    filled = TableMirror.empty(covers=3, tables=2, budget_bytes=1 << 20).with_table(0, _rows(5))
+    filled = TableMirror.empty(covers=3, tables=2, budget_bytes=1 << 20, payload_bytes=8).with_table(0, _rows(5))
     advanced = filled.advanced(4)
     assert advanced.covers == 4 and advanced.tables == filled.tables and filled.covers == 3
 
 
-def test_records_are_read_once_until_forgotten_and_the_oldest_go_first() -> None:
-    stored = {bytes([i]): b"record %d" % i for i in range(10)}
-    asked: list[list[bytes]] = []
+def test_times_and_payloads_are_read_once_until_forgotten_or_displaced() -> None:
+    stored = {entry: (float(entry) / 2, np.full(4, entry, dtype=np.uint8)) for entry in range(20)}
+    asked: list[list[int]] = []
 
-    def fetch(keys: list[bytes]) -> list[tuple[bytes, bytes]]:
-        asked.append(keys)
-        return [(key, stored[key]) for key in keys if key in stored]
+    def fetch(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        asked.append(entries.tolist())
+        held = [entry for entry in entries.tolist() if entry in stored]
+        times = np.array([stored[entry][0] for entry in held], dtype=np.float64)
+        payloads = np.array([stored[entry][1] for entry in held], dtype=np.uint8).reshape(-1, 4)
+        return np.array(held, dtype=np.uint64), times, payloads
 
-    cache = RecordCache(max_records=4)
-    keys = [bytes([i]) for i in (1, 2, 3)]
-    assert cache.read(keys, fetch) == [b"record 1", b"record 2", b"record 3"]
-    assert cache.read(keys, fetch) == [b"record 1", b"record 2", b"record 3"]
-    assert asked == [keys]
-    # A key no entry has reads as None, and is asked for again next time.
-    assert cache.read([b"\x01", b"\xff"], fetch) == [b"record 1", None]
-    assert cache.read([b"\xff"], fetch) == [None] and asked[-1] == [b"\xff"]
-    # Over its size, the records read first go first.
-    assert cache.read([bytes([5]), bytes([6])], fetch) == [b"record 5", b"record 6"]
-    assert len(cache) == 4
+    def read(cache: RecordCache, entries: list[int]) -> tuple[list[int], list[float], list[int]]:
+        held, times, payloads = cache.read(np.array(entries, dtype=np.uint64), fetch)
+        return held.tolist(), times.tolist(), payloads[:, 0].tolist()
+
+    cache = RecordCache(slots=8, payload_bytes=4)
+    assert read(cache, [1, 2, 3]) == ([1, 2, 3], [0.5, 1.0, 1.5], [1, 2, 3])
+    assert read(cache, [1, 2, 3]) == ([1, 2, 3], [0.5, 1.0, 1.5], [1, 2, 3])
+    assert asked == [[1, 2, 3]] and len(cache) == 3
+    # An entry no longer stored is left out, and asked for again next time.
+    assert read(cache, [1, 30]) == ([1], [0.5], [1])
+    assert read(cache, [30]) == ([], [], []) and asked[-1] == [30]
+    # Entries of one slot (their key modulo 8) read together: both are returned, the later one is held.
     asked.clear()
-    cache.read(keys, fetch)
-    assert asked == [[b"\x01"]]
-    # A removed entry's record is forgotten: the next read asks LMDB, which no longer has it.
-    del stored[b"\x02"]
-    cache.forget([b"\x02"])
-    assert cache.read([b"\x02"], fetch) == [None]
+    assert read(cache, [4, 12]) == ([4, 12], [2.0, 6.0], [4, 12])
+    assert read(cache, [4, 12]) == ([4, 12], [2.0, 6.0], [4, 12])
+    assert asked == [[4, 12], [4]]
+    # A removed entry is forgotten: the next read asks LMDB, which no longer has it.
+    del stored[2]
+    cache.forget(np.array([2, 9], dtype=np.uint64))
+    assert read(cache, [2, 3]) == ([3], [1.5], [3]) and asked[-1] == [2]
+    # Without slots (no memory for them) every read goes to LMDB.
+    uncached = RecordCache(slots=0, payload_bytes=4)
+    asked.clear()
+    assert read(uncached, [5]) == read(uncached, [5]) == ([5], [2.5], [5])
+    assert asked == [[5], [5]]

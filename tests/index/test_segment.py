@@ -876,12 +876,16 @@ def test_the_writers_copy_of_the_merged_tables_answers_as_lmdb_does(tmp_path: Pa
         for number, batch in enumerate(batches):
             ids = [f"b{number}-{i}" for i in range(len(batch))]
             for index in (mirrored, plain):
-                index.add(ids, batch)
+                index.add(ids, batch, times=np.full(len(batch), 1e9 + number))
                 if number % 3 == 2:
                     assert index.remove(ids[::4]) == len(ids[::4])
             asked = np.concatenate(batches[: number + 1])
             assert mirrored.query(asked) == plain.query(asked)
             assert mirrored.search(asked).entries.tolist() == plain.search(asked).entries.tolist()
+            # Verifying candidates reads their times and payloads through the copy: removed entries are gone.
+            from_copy, from_lmdb = mirrored.candidates(asked), plain.candidates(asked)
+            for column in ("rows", "entries", "times", "payloads"):
+                assert getattr(from_copy, column).tolist() == getattr(from_lmdb, column).tolist()
             mirrored_tables.append(sum(rows is not None for rows in mirrored._cached.mirror.tables))
         assert plain._cached.mirror is None
         held = [rows for rows in mirrored._cached.mirror.tables if rows is not None]
@@ -890,7 +894,7 @@ def test_the_writers_copy_of_the_merged_tables_answers_as_lmdb_does(tmp_path: Pa
         assert records > 0
         assert (usage["mirrored_tables"], usage["mirror_bytes"]) == (
             len(held),
-            16 * sum(map(len, held)) + 640 * records,
+            16 * sum(map(len, held)) + (16 + mirrored.fmt.payload_bytes) * records,
         )
         assert (plain.usage()["mirrored_tables"], plain.usage()["mirror_bytes"]) == (0, 0)
     if mirror_bytes > 8 * 16 * 150:
