@@ -221,8 +221,8 @@ class ServiceMetrics:
         )
         self.index_mirror_bytes = Gauge(
             "index_mirror_bytes",
-            "Memory the decision process holds in its copies of the index's merged tables and of the records it read "
-            "lately (capped by index.mirror_bytes).",
+            "Memory the decision process holds in its copies of the index's merged tables and of the times and "
+            "sketches it read lately (capped by index.mirror_bytes).",
             **common,
         )
         self.index_mirrored_tables = Gauge(
