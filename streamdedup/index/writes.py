@@ -220,6 +220,10 @@ class Writes:
         with txn.cursor(self.store.ids) as cursor:
             cursor.putmulti(zip(id_keys, seq_keys, strict=True))
         batch_keys = batch.keys
+        stored_rows = batch_keys.keys != 0 if batch_keys.unkeyed_zero else np.ones(batch_keys.keys.shape, dtype=bool)
+        if self.key_capacity is not None:
+            # Counted before anything of this batch is staged or merged.
+            stored_rows &= self._within_capacity(txn, batch_keys)
         self.cached.keys_added(txn, batch_keys.keys)
         if not self.fmt.entry_valued:
             folds = batch_keys.folds
@@ -230,13 +234,9 @@ class Writes:
         # Rows are staged; one table in turn takes its staged rows and this batch's (see the module docstring).
         merged = self.store.counter(txn, META_NEXT_MERGE) % len(self.store.tables)
         for table in range(len(self.store.tables)):
-            keys = batch_keys.keys[table]
-            values = seqs[batch_keys.rows[table]] if self.fmt.entry_valued else batch_keys.values[table]
-            if batch_keys.unkeyed_zero:
-                wanted = keys != 0
-                keys, values = keys[wanted], values[wanted]
-            if self.key_capacity is not None:
-                keys, values = self._within_capacity(txn, table, keys, values)
+            wanted = stored_rows[table]
+            keys = batch_keys.keys[table][wanted]
+            values = (seqs[batch_keys.rows[table]] if self.fmt.entry_valued else batch_keys.values[table])[wanted]
             if table == merged and self.store.tables[table].merge_due(
                 txn, len(self.cached.staged(txn)[table]) + len(keys)
             ):
@@ -275,18 +275,24 @@ class Writes:
             staged[table] = staged[table].emptied()
             self.cached.staged_changed()
 
-    def _within_capacity(
-        self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The rows (``keys`` ascending, each key's rows in stream order) whose key still has room: the first of
-        them up to ``key_capacity`` rows of that key, counting those stored or staged (a removed entry's row
-        counts until its table's sweep). A hot key keeps its first documents and takes no more."""
-        if not len(keys):
-            return keys, values
-        starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-        held = self._rows_held(txn, table, keys[starts])
-        room = run_ranks(starts, len(keys)) + np.repeat(held, np.diff(np.append(starts, len(keys)))) < self.key_capacity
-        return keys[room], values[room]
+    def _within_capacity(self, txn: Any, batch_keys: TableKeys) -> np.ndarray:
+        """(tables, n): whether each table row's key still has room for it, in the order ``batch_keys`` holds
+        them (each table's keys ascending, each key's rows in stream order): the first of them up to
+        ``key_capacity`` rows of that key, counting those stored or staged (a removed entry's row counts until its
+        table's sweep). A hot key keeps its first documents and takes no more. All tables at once: only the
+        counts held are read table by table."""
+        tables, n = batch_keys.keys.shape
+        starts = np.flatnonzero(batch_keys.runs.ravel())
+        run_keys = batch_keys.keys.ravel()[starts]
+        table_bounds = np.searchsorted(starts, np.arange(tables + 1) * n).tolist()
+        held = np.zeros(len(starts), dtype=np.int64)
+        for table in range(tables):
+            low, high = table_bounds[table], table_bounds[table + 1]
+            if low < high:
+                held[low:high] = self._rows_held(txn, table, run_keys[low:high])
+        run_lengths = np.diff(np.append(starts, tables * n))
+        room = run_ranks(starts, tables * n) + np.repeat(held, run_lengths) < self.key_capacity
+        return room.reshape(tables, n)
 
     def _rows_held(self, txn: Any, table: int, unique_keys: np.ndarray) -> np.ndarray:
         """Rows each of these keys (ascending, distinct) holds in ``table``, merged and staged."""
