@@ -145,12 +145,18 @@ def most_shared(rows: np.ndarray, named: np.ndarray, shared: np.ndarray, limit: 
     its segments, a text that only shares a template's few."""
     if not len(rows):
         return np.zeros(0, dtype=np.intp)
-    named = named.astype(np.uint64)
+    # Most rows have no more than ``limit`` candidates and keep them all: only the others' are ranked.
+    over = np.bincount(rows)[rows] > limit
+    if not over.any():
+        return np.arange(len(rows))
+    ranked = np.flatnonzero(over)
+    rows, shared, named = rows[ranked], shared[ranked], named[ranked].astype(np.uint64)
     word = packed([rows, shared.max() - shared, named.max() - named])
     order = np.lexsort((~named, -shared, rows)) if word is None else np.argsort(word[0])
     grouped = rows[order]
     starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
-    return np.sort(order[run_ranks(starts, len(order)) < limit])
+    over[ranked[order[run_ranks(starts, len(order)) < limit]]] = False
+    return np.flatnonzero(~over)
 
 
 def packed(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]] | None:

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamdedup.index import SegmentIndex, make_plan, table_keys
-from streamdedup.index.keys import LONE_SEGMENT_LIMIT, packed
+from streamdedup.index.keys import LONE_SEGMENT_LIMIT, most_shared, packed
 from streamdedup.index.plan import IndexPlan, make_segment_plan
 from tests.index.test_segment import _clustered
 
@@ -148,3 +150,22 @@ def test_packed_columns_sort_as_lexsort_does_and_refuse_what_does_not_fit() -> N
     fitting = packed([zeros, np.full(3, 2**63 - 1, np.uint64)])
     assert fitting is not None and fitting[1] == [1, 63]
     assert packed([zeros, np.full(3, 2**63, np.uint64)]) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    candidates=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), max_size=60),
+    limit=st.integers(1, 5),
+)
+def test_most_shared_keeps_each_rows_candidates_sharing_the_most_the_newest_among_equals(
+    candidates: list[tuple[int, int]], limit: int
+) -> None:
+    # Distinct (row, named) pairs sorted as a lookup gives them; named is the pair's position, so newer is higher.
+    rows = np.array(sorted(row for row, _ in candidates), dtype=np.int64)
+    shared = np.array([count for _, count in candidates], dtype=np.int64)
+    named = np.arange(len(rows), dtype=np.uint64) + np.uint64(7)
+    expected = []
+    for row in set(rows.tolist()):
+        mine = [i for i in range(len(rows)) if rows[i] == row]
+        expected += sorted(mine, key=lambda i: (-shared[i], -int(named[i])))[:limit]
+    assert most_shared(rows, named, shared, limit).tolist() == sorted(expected)
