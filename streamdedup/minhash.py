@@ -29,6 +29,8 @@ _VALUE_BITS = np.uint64(SKETCH_BITS)
 _IDENTITY_SHIFT = np.uint64(IDENTITY_BITS - SKETCH_BITS)
 _MIXED_SHIFT = np.uint64(64 - SKETCH_BITS)
 _VALUE_MASK = np.uint64((1 << SKETCH_BITS) - 1)
+_MERGED_PER_BLOCK = 1 << 16
+"""Merged sketch values :meth:`BottomK.jaccard` works on at a time."""
 
 
 class BottomK:
@@ -40,8 +42,6 @@ class BottomK:
         if seed is not None and not 0 <= seed < 2**64:
             raise ValueError(f"seed must be None or in [0, 2**64), got {seed}")
         self.k = k
-        # Distinct stand-ins for a pair of sketches' padding, above every 31-bit value.
-        self._pad_values = np.arange(2 * k, dtype=SKETCH_DTYPE) + SKETCH_DTYPE.type(1 << SKETCH_BITS)
         self.seed = seed
 
     def sketch(self, features: FeatureBatch) -> np.ndarray:
@@ -71,31 +71,41 @@ class BottomK:
         a, b = np.atleast_2d(a), np.atleast_2d(b)
         if a.shape != b.shape or a.shape[1] != self.k:
             raise ValueError(f"sketches must both have shape (n, {self.k}), got {a.shape} and {b.shape}")
-        k = self.k
-        counter = np.int16 if 2 * k <= np.iinfo(np.int16).max else np.int64
-        merged = np.concatenate([a, b], axis=1)
-        # Each pad becomes a value of its own above every real one: pads then never pair, and sort last.
-        padding = merged == EMPTY_SLOT
-        np.copyto(merged, self._pad_values, where=padding)
-        real = 2 * k - padding.view(np.uint8).sum(axis=1, dtype=counter)
-        # numpy's default sort is vectorised (SIMD) for unsigned integers: several times faster here than its
-        # stable sort, though that merges the two sorted runs in one pass.
-        merged.sort(axis=1)
-        # Each sketch holds distinct values, so a value in both appears exactly twice, side by side: position
-        # j + 1 repeats position j.
-        repeat = merged[:, 1:] == merged[:, :-1]
-        # The value at position j ranks j - (repeats before j) among the union's distinct values: below k for
-        # every j < k, so only the later positions need the running count (a large share of the cost).
-        early = repeat[:, :k].view(np.uint8).sum(axis=1, dtype=counter)
-        late = repeat[:, k:]
-        repeats_before = np.cumsum(late, axis=1, dtype=counter)
-        np.subtract(repeats_before, late, out=repeats_before)
-        np.add(repeats_before, early[:, None], out=repeats_before)
-        in_top_k = repeats_before > np.arange(late.shape[1], dtype=counter)
-        in_top_k &= late
-        shared = early + in_top_k.view(np.uint8).sum(axis=1, dtype=counter)
-        union = np.minimum(k, real - early - late.view(np.uint8).sum(axis=1, dtype=counter))
-        return np.divide(shared, union, out=np.ones(len(union)), where=union > 0)
+        k, pairs, width = self.k, len(a), 2 * self.k
+        # Blocks of rows keep the working arrays in cache, and the same arrays serve every block.
+        rows = max(1, min(pairs, _MERGED_PER_BLOCK // width))
+        merged_rows = np.empty((rows, width), dtype=np.result_type(a, b))
+        changes = np.empty(rows * width - 1, dtype=bool)
+        counts = np.zeros(rows * width, dtype=np.int32)
+        row_starts = np.arange(0, rows * width, width)
+        top = np.empty(pairs, dtype=np.int32)
+        below_top = np.empty(pairs, dtype=np.intp)
+        for start in range(0, pairs, rows):
+            stop = min(pairs, start + rows)
+            size = (stop - start) * width
+            merged = merged_rows[: stop - start]
+            np.concatenate([a[start:stop], b[start:stop]], axis=1, out=merged)
+            # numpy's default sort is vectorised (SIMD) for unsigned integers: several times faster here than its
+            # stable sort, though that merges the two sorted runs in one pass. Pads sort last, as one value.
+            merged.sort(axis=1)
+            flat = merged.ravel()
+            np.not_equal(flat[1:], flat[:-1], out=changes[: size - 1])
+            # Changes counted over the whole block ascend across it, and a position's rank among its row's distinct
+            # values is its count less that of the row's first position.
+            np.cumsum(changes[: size - 1].view(np.uint8), dtype=np.int32, out=counts[1:size])
+            first, last = counts[:size:width], counts[width - 1 : size : width]
+            # The union's size, at most k: the row's distinct values, the pads' one excepted.
+            block_top = top[start:stop]
+            np.subtract(last, first, out=block_top)
+            block_top += merged[:, -1] != EMPTY_SLOT
+            np.minimum(block_top, k, out=block_top)
+            # The positions ranked below it hold the union's least values, a value in both sketches twice: one
+            # search over the block finds how many there are in each row.
+            found = np.searchsorted(counts[:size], first + block_top)
+            np.subtract(found, row_starts[: stop - start], out=below_top[start:stop])
+        # The search lands past a row whose ranks all stay below its union's size.
+        np.minimum(below_top, width, out=below_top)
+        return np.divide(below_top - top, top, out=np.ones(pairs), where=top > 0)
 
     def cluster_key(self, sketch: np.ndarray) -> bytes | list[bytes]:
         """A stable key-value-store key: the sketch's values as big-endian bytes (one key per row of a 2-D array)."""

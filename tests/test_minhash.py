@@ -1,15 +1,20 @@
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamdedup import minhash
 from streamdedup.features import FeatureBatch, FeatureExtractor, mix64
-from streamdedup.minhash import EMPTY_SLOT, SKETCH_BITS, BottomK
+from streamdedup.minhash import EMPTY_SLOT, SKETCH_BITS, SKETCH_DTYPE, BottomK
 from streamdedup.settings import FeatureSettings
 
 SMALL_SETS = st.sets(st.integers(0, 300), max_size=30)
+# Two narrow ranges make shared values likely, and reach the top of the 31 bits.
+SKETCH_VALUE_SETS = st.sets(st.integers(0, 40) | st.integers(2**SKETCH_BITS - 8, 2**SKETCH_BITS - 1), max_size=20)
 SHINGLES = FeatureExtractor(FeatureSettings(word_ngrams=[], char_ngrams=[3]))
 
 
@@ -64,6 +69,43 @@ def test_jaccard_is_the_bottom_k_estimate(triples: list[tuple[set[int], set[int]
     estimates = sketcher.jaccard(left, right)
     for estimate, a, b in zip(estimates.tolist(), left.tolist(), right.tolist(), strict=True):
         assert estimate == pytest.approx(brute_force_jaccard(a, b, k))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(SKETCH_VALUE_SETS, SKETCH_VALUE_SETS, SKETCH_VALUE_SETS), max_size=40),
+    st.integers(1, 12),
+    st.none() | st.integers(1, 64),
+)
+def test_jaccard_of_any_sketches_is_the_estimate_of_their_sets(
+    triples: list[tuple[set[int], set[int], set[int]]], k: int, block: int | None
+) -> None:
+    def sketch(values: set[int]) -> list[int]:
+        least = sorted(values)[:k]
+        return least + [int(EMPTY_SLOT)] * (k - len(least))
+
+    left = np.array([sketch(a | shared) for a, _, shared in triples], dtype=SKETCH_DTYPE).reshape(-1, k)
+    right = np.array([sketch(b | shared) for _, b, shared in triples], dtype=SKETCH_DTYPE).reshape(-1, k)
+    # Small blocks put block boundaries between any rows.
+    with mock.patch.object(minhash, "_MERGED_PER_BLOCK", block or minhash._MERGED_PER_BLOCK):
+        estimates = BottomK(k).jaccard(left, right)
+    assert estimates.dtype == np.float64 and estimates.shape == (len(triples),)
+    expected = [brute_force_jaccard(a, b, k) for a, b in zip(left.tolist(), right.tolist(), strict=True)]
+    assert estimates.tolist() == expected
+
+
+def test_jaccard_over_blocks_of_full_size_is_the_estimate_of_their_sets() -> None:
+    rng = np.random.default_rng(5)
+    k, pairs = 64, 5 * minhash._MERGED_PER_BLOCK // 128 + 7
+    rows: list[tuple[list[int], list[int]]] = []
+    for _ in range(pairs):
+        # Members of a common range of random width: overlaps of every size, sketches short and full.
+        width = int(rng.integers(1, 400))
+        a, b = (np.flatnonzero(rng.random(width) < rng.random()).tolist() for _ in range(2))
+        rows.append(((a + [int(EMPTY_SLOT)] * k)[:k], (b + [int(EMPTY_SLOT)] * k)[:k]))
+    left, right = (np.array(side, dtype=SKETCH_DTYPE) for side in zip(*rows, strict=True))
+    expected = [brute_force_jaccard(a, b, k) for a, b in rows]
+    assert BottomK(k).jaccard(left, right).tolist() == expected
 
 
 def test_jaccard_estimates_the_true_index() -> None:
