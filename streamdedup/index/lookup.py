@@ -13,6 +13,7 @@ import numpy as np
 
 from .cached import Cached
 from .keys import TableKeys, most_shared, packed, table_keys
+from .mirror import fetched_rows
 from .packed_ids import PackedIds
 from .plan import scatter_bits
 from .sorted_rows import expand_ranges
@@ -165,20 +166,15 @@ class Lookup:
         if found is None:
             return none
         rows, entries, _ = found
-        distinct, inverse = np.unique(entries, return_inverse=True)
+        fetch = partial(self._times_and_payloads, txn)
         mirror = self.cached.read_mirror(txn)
-        if mirror is None:
-            held, times, payloads = self._times_and_payloads(txn, distinct)
-        else:
-            held, times, payloads = mirror.records.read(distinct, partial(self._times_and_payloads, txn))
-        if len(held) < len(distinct):
+        present, times, payloads = (
+            fetched_rows(entries, fetch) if mirror is None else mirror.records.read(entries, fetch)
+        )
+        if not present.all():
             # Entries removed since their table rows were written.
-            slot = np.searchsorted(held, distinct)
-            present = slot < len(held)
-            present[present] = held[slot[present]] == distinct[present]
-            kept = present[inverse]
-            rows, entries, inverse = rows[kept], entries[kept], np.cumsum(present)[inverse[kept]] - 1
-        return Candidates(rows, entries, times[inverse], payloads[inverse])
+            rows, entries, times, payloads = rows[present], entries[present], times[present], payloads[present]
+        return Candidates(rows, entries, times, payloads)
 
     def _times_and_payloads(self, txn: Any, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Of these entry keys (ascending, distinct), those stored, with their event times and payloads."""

@@ -24,7 +24,7 @@ import numpy as np
 
 from .sorted_rows import SortedRows
 
-__all__ = ["MIRROR_ROW_BYTES", "RecordCache", "TableMirror"]
+__all__ = ["MIRROR_ROW_BYTES", "RecordCache", "TableMirror", "fetched_rows"]
 
 MIRROR_ROW_BYTES = 16
 """Memory a mirrored row takes: its key and its value, 64 bits each (probes are 64-bit: narrower keys would
@@ -37,6 +37,20 @@ _NO_ENTRY = np.uint64(np.iinfo(np.uint64).max)
 
 Fetch = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 """Entry keys (ascending, distinct) -> those found, their event times and their payloads."""
+
+
+def fetched_rows(entries: np.ndarray, fetch: Fetch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each of ``entries`` (any order, repeated or not): whether it is stored, and its time and payload
+    (zeros where it is not), each distinct entry fetched once."""
+    distinct, inverse = np.unique(entries, return_inverse=True)
+    found, found_times, found_payloads = fetch(distinct)
+    times = np.zeros(len(distinct), dtype=np.float64)
+    payloads = np.zeros((len(distinct), found_payloads.shape[1]), dtype=np.uint8)
+    at = np.searchsorted(distinct, found)
+    times[at], payloads[at] = found_times, found_payloads
+    stored = np.zeros(len(distinct), dtype=bool)
+    stored[at] = True
+    return stored[inverse], times[inverse], payloads[inverse]
 
 
 class RecordCache:
@@ -61,26 +75,22 @@ class RecordCache:
         return int(np.count_nonzero(self._entries != _NO_ENTRY))
 
     def read(self, entries: np.ndarray, fetch: Fetch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The entries of ``entries`` (ascending, distinct) that exist, with their times and payloads: those not
-        held come from ``fetch`` (LMDB) and are held from then on."""
+        """:func:`fetched_rows`, through the cache: the entries not held come from ``fetch`` (LMDB) and are held
+        from then on."""
         if not self.slots:
-            return fetch(entries)
+            return fetched_rows(entries, fetch)
         slot = (entries % np.uint64(self.slots)).astype(np.intp)
-        held = self._entries[slot] == entries
+        present = self._entries[slot] == entries
         times, payloads = self._times[slot], self._payloads[slot]
-        if held.all():
-            return entries, times, payloads
-        missing = np.flatnonzero(~held)
-        found, found_times, found_payloads = fetch(entries[missing])
-        at = missing[np.searchsorted(entries[missing], found)]
-        times[at], payloads[at] = found_times, found_payloads
-        present = held
-        present[at] = True
-        # Two entries read together may share a slot: the later one is held.
-        self._entries[slot[at]], self._times[slot[at]], self._payloads[slot[at]] = found, found_times, found_payloads
         if present.all():
-            return entries, times, payloads
-        return entries[present], times[present], payloads[present]
+            return present, times, payloads
+        missing = np.flatnonzero(~present)
+        present[missing], times[missing], payloads[missing] = fetched_rows(entries[missing], fetch)
+        # Entries read together may share a slot: one of them is held.
+        stored = missing[present[missing]]
+        self._entries[slot[stored]] = entries[stored]
+        self._times[slot[stored]], self._payloads[slot[stored]] = times[stored], payloads[stored]
+        return present, times, payloads
 
     def forget(self, entries: np.ndarray) -> None:
         """Drop removed entries."""

@@ -46,28 +46,30 @@ def test_times_and_payloads_are_read_once_until_forgotten_or_displaced() -> None
         payloads = np.array([stored[entry][1] for entry in held], dtype=np.uint8).reshape(-1, 4)
         return np.array(held, dtype=np.uint64), times, payloads
 
-    def read(cache: RecordCache, entries: list[int]) -> tuple[list[int], list[float], list[int]]:
-        held, times, payloads = cache.read(np.array(entries, dtype=np.uint64), fetch)
-        return held.tolist(), times.tolist(), payloads[:, 0].tolist()
+    def read(cache: RecordCache, entries: list[int]) -> tuple[list[bool], list[float], list[int]]:
+        present, times, payloads = cache.read(np.array(entries, dtype=np.uint64), fetch)
+        return present.tolist(), times.tolist(), payloads[:, 0].tolist()
 
     cache = RecordCache(slots=8, payload_bytes=4)
-    assert read(cache, [1, 2, 3]) == ([1, 2, 3], [0.5, 1.0, 1.5], [1, 2, 3])
-    assert read(cache, [1, 2, 3]) == ([1, 2, 3], [0.5, 1.0, 1.5], [1, 2, 3])
+    # Any order, repeats allowed: each distinct entry is fetched once, ascending.
+    assert read(cache, [3, 1, 2, 1]) == ([True] * 4, [1.5, 0.5, 1.0, 0.5], [3, 1, 2, 1])
+    assert read(cache, [1, 2, 3]) == ([True] * 3, [0.5, 1.0, 1.5], [1, 2, 3])
     assert asked == [[1, 2, 3]] and len(cache) == 3
-    # An entry no longer stored is left out, and asked for again next time.
-    assert read(cache, [1, 30]) == ([1], [0.5], [1])
-    assert read(cache, [30]) == ([], [], []) and asked[-1] == [30]
-    # Entries of one slot (their key modulo 8) read together: both are returned, the later one is held.
+    # An entry no longer stored reads as absent (zeros), and is asked for again next time.
+    assert read(cache, [30, 1]) == ([False, True], [0.0, 0.5], [0, 1])
+    assert read(cache, [30]) == ([False], [0.0], [0]) and asked[-1] == [30]
+    # Entries of one slot (their key modulo 8) read together: both are returned, one of them is held.
     asked.clear()
-    assert read(cache, [4, 12]) == ([4, 12], [2.0, 6.0], [4, 12])
-    assert read(cache, [4, 12]) == ([4, 12], [2.0, 6.0], [4, 12])
-    assert asked == [[4, 12], [4]]
+    assert read(cache, [4, 12]) == ([True, True], [2.0, 6.0], [4, 12])
+    assert read(cache, [4, 12]) == ([True, True], [2.0, 6.0], [4, 12])
+    assert len(asked) == 2 and asked[1] in ([4], [12])
     # A removed entry is forgotten: the next read asks LMDB, which no longer has it.
     del stored[2]
     cache.forget(np.array([2, 9], dtype=np.uint64))
-    assert read(cache, [2, 3]) == ([3], [1.5], [3]) and asked[-1] == [2]
+    assert read(cache, [2, 3]) == ([False, True], [0.0, 1.5], [0, 3]) and asked[-1] == [2]
     # Without slots (no memory for them) every read goes to LMDB.
     uncached = RecordCache(slots=0, payload_bytes=4)
     asked.clear()
-    assert read(uncached, [5]) == read(uncached, [5]) == ([5], [2.5], [5])
+    assert read(uncached, [5, 5]) == ([True, True], [2.5, 2.5], [5, 5])
+    assert read(uncached, [5]) == ([True], [2.5], [5])
     assert asked == [[5], [5]]
