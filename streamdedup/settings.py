@@ -146,7 +146,7 @@ class DedupSettings(Section):
     sketch_size: int = Field(default=64, ge=8, le=1024)
     sketch_features: FeatureSettings | None = None
     min_jaccard: float = Field(default=0.55, gt=0.0, le=1.0)
-    batch_size: int = Field(default=2048, ge=1)
+    batch_size: int = Field(default=4096, ge=1)
     workers: int = Field(default=2, ge=0)
     # Hot keys (boilerplate, templates) must not make a lookup's cost grow with the index: a table key leads to
     # at most key_capacity kept documents, and each document verifies at most max_candidates of those it finds.
