@@ -67,6 +67,9 @@ class _Transaction(threading.local):
         self.filtered: list[tuple[KeyFilter, int]] = []
         # The merged tables' copy as this transaction changes them.
         self.mirror: TableMirror | None = None
+        # Entries this transaction added (keys, times, payloads) and removed, for the cache of times and payloads.
+        self.added: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.removed: list[np.ndarray] = []
 
 
 class Cached:
@@ -117,6 +120,12 @@ class Cached:
                 key_filter.covers = keyed_before + 1
         if state.mirror is not None:
             self.mirror = state.mirror
+            # New entries are the likeliest candidates of the next batches: held now, they cost no LMDB read.
+            # Removals come after, as they may take entries this very transaction added.
+            for entries, times, payloads in state.added:
+                state.mirror.records.hold(entries, times, payloads)
+            for entries in state.removed:
+                state.mirror.records.forget(entries)
 
     # ----------------------------------------------------------------- staged rows
 
@@ -169,6 +178,11 @@ class Cached:
             if not state.writing:
                 return None
             current = TableMirror.empty(keyed, len(self.store.tables), self.mirror_bytes, self.store.fmt.payload_bytes)
+            # A table nothing was merged into yet is copied now (empty): its lookups then skip LMDB.
+            for table in range(len(self.store.tables)):
+                stored_table = self.store.entry_table(table)
+                if not txn.stat(stored_table.db)["entries"]:
+                    current = current.with_table(table, SortedRows(*stored_table.rows(txn), stored_table.key_bits))
         if state.writing:
             state.mirror = current
         return current
@@ -200,10 +214,15 @@ class Cached:
         if mirror is not None:
             self._txn.mirror = mirror.with_table(table, rows)
 
+    def entries_added(self, entries: np.ndarray, times: np.ndarray, payloads: np.ndarray) -> None:
+        """Entries the write transaction stored: the cache of times and payloads holds them once it commits."""
+        self._txn.added.append((entries, times, payloads))
+
     def entries_removed(self, txn: Any, entries: np.ndarray) -> None:
         mirror = self.table_mirror(txn)
         if mirror is not None:
             mirror.records.forget(entries)
+            self._txn.removed.append(entries)
 
     # ----------------------------------------------------------------- key filter
 

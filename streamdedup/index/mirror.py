@@ -92,6 +92,13 @@ class RecordCache:
         self._times[slot[stored]], self._payloads[slot[stored]] = times[stored], payloads[stored]
         return present, times, payloads
 
+    def hold(self, entries: np.ndarray, times: np.ndarray, payloads: np.ndarray) -> None:
+        """Hold these entries' times and payloads (entries just stored), each in place of its slot's."""
+        if not self.slots or not len(entries):
+            return
+        slot = (entries % np.uint64(self.slots)).astype(np.intp)
+        self._entries[slot], self._times[slot], self._payloads[slot] = entries, times, payloads
+
     def forget(self, entries: np.ndarray) -> None:
         """Drop removed entries."""
         if not self.slots or not len(entries):
