@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 # its text.
 Reason = Literal["novel", "exact", "near", "redelivered", "unindexable"]
 
+_RESOLVE_ROUNDS = 8
+"""Rounds of the vectorised in-batch resolution before the rest goes row by row (``_duplicates_in_stream_order``)."""
+
 # What no single document is to blame for: such errors fail the batch, whose documents then wait for a retry.
 _BATCH_ERRORS: tuple[type[BaseException], ...] = (*STORAGE_ERRORS, MemoryError)
 
@@ -181,6 +184,30 @@ class _StoredCandidates:
             int(self.rows[i]): (self.ids[slot], int(self.distances[slot]), float(self.jaccard[slot]))
             for i, slot in zip(first.tolist(), self.slots[first].tolist(), strict=True)
         }
+
+
+def _duplicates_in_stream_order(matched: np.ndarray, rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """Which rows are duplicates: those ``matched`` already, and each row with a candidate (an earlier row of the
+    pairs ``rows``, ``candidates``) that is not one itself, decided in stream order.
+
+    A row's verdict depends only on earlier rows', so the verdicts are the one fixed point of "duplicate when
+    matched or when some candidate is kept". Each round settles at least the next row in order, and settles
+    every row whose candidates are settled: a chain of k rows, each the only candidate of the next, takes k
+    rounds, a burst of copies of one document two. After a few rounds the rest goes row by row."""
+    duplicate = matched.copy()
+    for _ in range(_RESOLVE_ROUNDS):
+        kept_candidate = np.zeros(len(matched), dtype=bool)
+        kept_candidate[rows[~duplicate[candidates]]] = True
+        settled = matched | kept_candidate
+        if np.array_equal(settled, duplicate):
+            return duplicate
+        duplicate = settled
+    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1]))) if len(rows) else rows
+    bounds = np.append(starts, len(rows)).tolist()
+    for low, high in pairwise(bounds):
+        row = int(rows[low])
+        duplicate[row] = matched[row] or not duplicate[candidates[low:high]].all()
+    return duplicate
 
 
 def open_index(settings: Settings, path: Path, *, durable: bool = True) -> SegmentIndex:
@@ -560,12 +587,16 @@ class Deduplicator:
         by_id = np.arange(len(earlier)) < len(repeats.earlier)
         visible = self._in_window(kept_before, earlier, later)
         order = self._ranked(later, earlier, distances, jaccard, times[earlier], times[later], by_id, visible)
+        rows, candidates = later[order], earlier[order]
+        matched = np.zeros(len(ids), dtype=bool)
+        matched[list(matches)] = True
+        duplicate = _duplicates_in_stream_order(matched, rows, candidates)
+        # Each row matched here takes its best candidate that is kept itself (pairs come best first per row).
+        taken = np.flatnonzero(~matched[rows] & ~duplicate[candidates])
+        taken = taken[np.unique(rows[taken], return_index=True)[1]]
         matched_by_id: set[int] = set()
-        # Only documents with an in-batch candidate reach this loop; each decision needs the earlier ones.
-        for i in order.tolist():
+        for i in order[taken].tolist():
             row, candidate = int(later[i]), int(earlier[i])
-            if row in matches or candidate in matches:
-                continue
             matches[row] = (ids[candidate], int(distances[i]), float(jaccard[i]))
             if by_id[i]:
                 matched_by_id.add(row)

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from streamdedup.bench.adversarial import boilerplate_stream, template_stream
-from streamdedup.decide import Deduplicator, Verdict, Verdicts, open_index
+from streamdedup.decide import Deduplicator, Verdict, Verdicts, _duplicates_in_stream_order, open_index
 from streamdedup.document import Document
 from streamdedup.index import IndexStorageError
 from streamdedup.quality.corpus import load_stream
@@ -444,3 +447,30 @@ def test_max_entries_hides_what_it_evicts_whatever_the_batch_cuts(
         assert [(v.novel, v.match_id) for v in verdicts] == expected, size
     with open_index(capped, tmp_path / f"cut-{len(stream)}") as index:
         assert len(index) <= limit
+
+
+@hypothesis_settings(max_examples=150, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    links=st.lists(st.tuples(st.integers(0, 39), st.integers(1, 39)), max_size=120),
+    matched_rows=st.sets(st.integers(0, 39), max_size=8),
+    chain=st.booleans(),
+)
+def test_in_batch_duplicates_are_those_a_row_by_row_pass_finds(
+    rows: int, links: list[tuple[int, int]], matched_rows: set[int], chain: bool
+) -> None:
+    # (earlier, later) pairs; a chain (each row the only candidate of the next) needs more rounds than the
+    # vectorised pass runs, so its tail goes row by row.
+    pairs = {(min(a, b), max(a, b)) for a, b in links if a != b and max(a, b) < rows}
+    if chain:
+        pairs |= {(row - 1, row) for row in range(1, rows)}
+    ordered = sorted(pairs, key=lambda pair: (pair[1], pair[0]))
+    later = np.array([b for _, b in ordered], dtype=np.intp)
+    earlier = np.array([a for a, _ in ordered], dtype=np.intp)
+    matched = np.zeros(rows, dtype=bool)
+    matched[[row for row in matched_rows if row < rows]] = True
+    expected = matched.copy()
+    for row in range(rows):
+        candidates = [a for a, b in ordered if b == row]
+        expected[row] = matched[row] or any(not expected[a] for a in candidates)
+    assert _duplicates_in_stream_order(matched, later, earlier).tolist() == expected.tolist()
