@@ -169,3 +169,7 @@ def test_most_shared_keeps_each_rows_candidates_sharing_the_most_the_newest_amon
         mine = [i for i in range(len(rows)) if rows[i] == row]
         expected += sorted(mine, key=lambda i: (-shared[i], -int(named[i])))[:limit]
     assert most_shared(rows, named, shared, limit).tolist() == sorted(expected)
+    # In any order (the in-batch pairs come sorted by their earlier row): the same candidates.
+    order = np.random.default_rng(len(rows)).permutation(len(rows))
+    chosen = most_shared(rows[order], named[order], shared[order], limit)
+    assert sorted(order[chosen].tolist()) == sorted(expected)
