@@ -5,7 +5,7 @@ Every system sees the stream in order and decides keep or drop per document, rem
 - ``streamdedup``: the offline mode end to end (``dedup_file``: the stream as a JSONL file in, the kept records
   out, a fresh ``SegmentIndex`` in a temporary folder, the next batches signed by ``dedup.workers`` worker
   processes meanwhile), configured by the settings given (``--config``), batches of ``dedup.batch_size``. The
-  workers start once, before any clock, as every system's imports do;
+  workers start before the clock, as every system's imports do;
 - ``simhash``: the ``simhash`` package, ``Simhash(text)`` (its defaults) + ``SimhashIndex(k=3)``;
 - ``minhash-0.5`` / ``minhash-0.8``: datasketch ``MinHashLSH`` at that threshold, ``MinHash(num_perm=128)``
   over character 5-grams of the normalised text (the project's Normalizer, default settings);
@@ -21,7 +21,9 @@ ground truth's shingles: 4-grams for natural, 3-grams for tune and holdout), as 
 
 Every system runs ``--repeat`` times per split, in interleaved rounds, and its docs/s comes from its fastest
 run (as ``timeit`` reports the best of several): the machines this runs on are shared, and one slow moment
-should not decide a ratio. Every run must drop exactly the same documents.
+should not decide a ratio. Every run must drop exactly the same documents. Each run has a fresh process of its
+own, its imports done and its split received before the clock: the memory a system leaves behind (the
+allocator's heap after hundreds of thousands of Python objects) does not slow the next.
 
 Prints recall, loss and docs/s per split and system, by edit kind and language with ``--detail``, and
 writes everything as JSON with ``--json PATH``.
@@ -30,8 +32,10 @@ writes everything as JSON with ``--json PATH``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
+import multiprocessing
 import tempfile
 import time
 from collections import Counter
@@ -192,6 +196,16 @@ PEERS: dict[str, Callable[[Sequence[BenchDoc], Settings], np.ndarray]] = {
 }
 
 
+_PEER_MODULES = {"simhash": "simhash", "minhash-0.5": "datasketch", "minhash-0.8": "datasketch", "rensa": "rensa"}
+
+
+def _import_peers(systems: Sequence[str]) -> None:
+    """Import these systems' modules now, before any clock."""
+    for name in systems:
+        if name in _PEER_MODULES:
+            importlib.import_module(_PEER_MODULES[name])
+
+
 def run_peer(
     name: str,
     docs: Sequence[BenchDoc],
@@ -216,6 +230,41 @@ def _timed_drops(
     started = time.perf_counter()
     dropped = PEERS[name](docs, settings)
     return time.perf_counter() - started, dropped
+
+
+def _timed_in_child(name: str, docs: Sequence[BenchDoc], settings: Settings) -> tuple[float, np.ndarray]:
+    """One timed run of a system in a fresh process (streamdedup with its own signing workers, started and warmed
+    up before the clock). Spawned, not forked: a fork of a process with threads can inherit a held lock."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_child_run, args=(sender, name, docs, settings), name=f"bench-{name}")
+    child.start()
+    sender.close()
+    try:
+        outcome = receiver.recv()
+    except EOFError:
+        outcome = None
+    child.join()
+    if not isinstance(outcome, tuple):
+        raise RuntimeError(f"{name} failed in its bench process (exit code {child.exitcode}): {outcome}")
+    return outcome
+
+
+def _child_run(sender: Any, name: str, docs: Sequence[BenchDoc], settings: Settings) -> None:
+    try:
+        _import_peers([name])
+        if name == "streamdedup":
+            with signer_pool(settings) as pool:
+                if pool is not None:
+                    for ready in pool.warm_up():
+                        ready.result()
+                outcome: tuple[float, np.ndarray] | str = _timed_drops(name, docs, settings, pool)
+        else:
+            outcome = _timed_drops(name, docs, settings, None)
+    except Exception as exc:  # the parent reports it, with the system's name
+        outcome = f"{type(exc).__name__}: {exc}"
+    sender.send(outcome)
+    sender.close()
 
 
 def _best(
@@ -308,25 +357,21 @@ def main(options: list[str], settings: Settings) -> int:
     stream = load_stream(args.stream) if set(splits) - {NATURAL_SPLIT} else []
     natural = load_natural(args.natural) if NATURAL_SPLIT in splits else None
     results: list[PeerResult] = []
-    with signer_pool(settings) as pool:
-        if pool is not None:
-            for ready in pool.warm_up():
-                ready.result()  # every worker up, imported and with its tables built before any clock starts
-        for split in splits:
-            if natural is not None and split == NATURAL_SPLIT:
-                docs = natural[0][: args.limit]
-                near = natural[1].head(len(docs))
-            else:
-                docs = [doc for doc in stream if doc.split == split][: args.limit]
-                near = split_near_copies(docs)
-            runs: dict[str, list[tuple[float, np.ndarray]]] = {name: [] for name in systems}
-            # Rounds interleave the systems, so a slow stretch of the machine falls on all of them alike.
-            for round_number in range(1, args.repeat + 1):
-                for name in systems:
-                    runs[name].append(_timed_drops(name, docs, settings, pool))
-                    seconds = runs[name][-1][0]
-                    print(f"  {split} round {round_number} {name}: {len(docs)} docs in {seconds:.1f} s", flush=True)
-            results.extend(_best(runs[name], name, docs, split, near) for name in systems)
+    for split in splits:
+        if natural is not None and split == NATURAL_SPLIT:
+            docs = natural[0][: args.limit]
+            near = natural[1].head(len(docs))
+        else:
+            docs = [doc for doc in stream if doc.split == split][: args.limit]
+            near = split_near_copies(docs)
+        runs: dict[str, list[tuple[float, np.ndarray]]] = {name: [] for name in systems}
+        # Rounds interleave the systems, so a slow stretch of the machine falls on all of them alike.
+        for round_number in range(1, args.repeat + 1):
+            for name in systems:
+                runs[name].append(_timed_in_child(name, docs, settings))
+                seconds = runs[name][-1][0]
+                print(f"  {split} round {round_number} {name}: {len(docs)} docs in {seconds:.1f} s", flush=True)
+        results.extend(_best(runs[name], name, docs, split, near) for name in systems)
     print()
     _print_table(results)
     if args.detail:
