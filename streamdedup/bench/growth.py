@@ -9,10 +9,12 @@ the end of the previous one to the end of its last batch (the first from the mom
 as ``bench quality`` starts its clocks), and the figures of its end are read outside its time.
 
 Per window: documents/s, CPU time per document (this process and its workers: on a shared host it moves far
-less than the rate), the share kept, index entries, resident memory of this process and its workers,
-index bytes on disk (LMDB pages in use) per kept document, and how many documents each document's sketch
-was compared with (p50/p99/max, ``Deduplicator.last_candidates``). At the end: the last
-window's documents/s over the first's (goal: at least 0.8), a PNG chart of rate and candidates against index
+less than the rate), the decision step's own time per document (``Deduplicator.decide`` on the signed batches:
+lookup, verification and store in one process, the serial stage that bounds the rate), the share kept, index
+entries, resident memory of this process and its workers, index bytes on disk (LMDB pages in use) per kept
+document, and how many documents each document's sketch was compared with (p50/p99/max,
+``Deduplicator.last_candidates``). At the end: the last window's documents/s over the first's (goal: at least
+0.8), the decision step's documents/s in the last window, a PNG chart of rate and candidates against index
 entries, and with ``--json`` every figure.
 
 Not in ``bench all``: the corpus and a million documents take minutes; run it by name.
@@ -57,6 +59,8 @@ class Window:
     kept_so_far: int
     # CPU seconds of this process and its workers in the window: on a shared host it moves far less than the rate.
     cpu_seconds: float
+    # Seconds the decision step took (``Deduplicator.decide`` on signed batches: lookup, verification, store).
+    decide_seconds: float
     # Candidates per document over the window.
     candidates_p50: float
     candidates_p99: float
@@ -74,9 +78,14 @@ class Window:
     def cpu_per_document(self) -> float:
         return self.cpu_seconds / self.documents if self.documents else 0.0
 
+    @property
+    def decide_per_document(self) -> float:
+        return self.decide_seconds / self.documents if self.documents else 0.0
+
     def as_dict(self) -> dict[str, object]:
         derived = {"docs_per_second": self.docs_per_second, "disk_per_kept": self.disk_per_kept}
-        return {**asdict(self), **derived, "cpu_per_document": self.cpu_per_document}
+        per_document = {"cpu_per_document": self.cpu_per_document, "decide_per_document": self.decide_per_document}
+        return {**asdict(self), **derived, **per_document}
 
 
 def main(options: list[str], settings: Settings) -> int:
@@ -112,6 +121,11 @@ def main(options: list[str], settings: Settings) -> int:
 
     ratio = windows[-1].docs_per_second / windows[0].docs_per_second if windows else float("nan")
     print(f"last window / first window documents/s: {ratio:.2f} (goal >= {GOAL})")
+    if windows and windows[-1].decide_per_document:
+        print(
+            "decision step alone (lookup, verification and store of signed batches, one process), last window: "
+            f"{1 / windows[-1].decide_per_document:,.0f} documents/s"
+        )
     title = (
         f"bench growth: {len(lines):,} documents of natural text; "
         f"last / first window documents/s {ratio:.2f} (goal >= {GOAL})"
@@ -163,6 +177,7 @@ def run_growth(
         batches = decide_lines(dedup, _batches(lines, settings.dedup.batch_size, window), input_settings, pool)
         read = kept = window_kept = 0
         candidates: list[np.ndarray] = []
+        deciding = 0.0
         cpu = CpuMeter()
         cpu_before = 0.0
         started = time.perf_counter()
@@ -172,6 +187,8 @@ def run_growth(
             kept += novel
             window_kept += novel
             candidates.append(dedup.last_candidates)
+            timings = dedup.last_timings
+            deciding += timings.fingerprint + timings.lookup + timings.store
             paused = time.perf_counter()
             decided(verdicts)
             started += time.perf_counter() - paused
@@ -190,11 +207,13 @@ def run_growth(
                 disk_bytes=usage["disk_bytes"],
                 kept_so_far=kept,
                 cpu_seconds=cpu_now - cpu_before,
+                decide_seconds=deciding,
                 **_percentiles(candidates)._asdict(),
             )
             windows.append(closed)
             report(closed)
             window_kept = 0
+            deciding = 0.0
             candidates = []
             cpu_before = _cpu(cpu)
             started = time.perf_counter()
@@ -242,6 +261,7 @@ _COLUMNS = (
     ("window", 6),
     ("documents/s", 11),
     ("CPU us/doc", 10),
+    ("decide us/doc", 13),
     ("kept %", 6),
     ("index entries", 13),
     ("RSS MB", 7),
@@ -261,6 +281,7 @@ def _row(w: Window) -> str:
         str(w.number),
         f"{w.docs_per_second:,.0f}",
         f"{1e6 * w.cpu_per_document:,.0f}",
+        f"{1e6 * w.decide_per_document:,.1f}",
         f"{100 * w.kept / w.documents:.1f}",
         f"{w.entries:,}",
         f"{w.rss_bytes / 2**20:,.0f}",

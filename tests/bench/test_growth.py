@@ -256,10 +256,15 @@ def test_the_growth_run_reports_each_window_and_draws_the_chart(
     assert all(w["rss_bytes"] > 20 * 2**20 for w in windows)
     assert all(100 < w["disk_per_kept"] < 100_000 for w in windows)
     assert report["ratio_last_first"] == pytest.approx(windows[-1]["docs_per_second"] / windows[0]["docs_per_second"])
+    decide_rate = 1 / windows[-1]["decide_per_document"]
+    assert f"one process), last window: {decide_rate:,.0f} documents/s" in out
     for row, w in zip(rows, windows, strict=True):
         cells = row.split()
         assert cells[2] == f"{1e6 * w['cpu_per_document']:,.0f}" and w["cpu_per_document"] > 0
-        assert cells[4] == f"{w['entries']:,}"
+        # The decision step is part of the window's time, never all of it (reading and signing are not in it).
+        assert cells[3] == f"{1e6 * w['decide_per_document']:,.1f}"
+        assert 0 < w["decide_seconds"] < w["seconds"]
+        assert cells[5] == f"{w['entries']:,}"
         # An exact copy is compared with its original at least.
         assert w["candidates_max"] >= 1 and cells[-1] == f"{w['candidates_max']:,}"
 
