@@ -296,23 +296,6 @@ class SegmentIndex:
         with self._read() as txn:
             return self._lookup.search(txn, fps, min_time, keys, max_candidates)[0]
 
-    def search_entries(
-        self,
-        fps: np.ndarray,
-        *,
-        min_time: float | None = None,
-        keys: TableKeys | None = None,
-        max_candidates: int | None = None,
-    ) -> tuple[SearchResult, EntryRecords]:
-        """``search`` plus the matched entries' records, row for row, from one read transaction (the lookup
-        reads them anyway on wide fingerprints)."""
-        fps = self._lookup.checked(fps)
-        with self._read() as txn:
-            result, records = self._lookup.search(txn, fps, min_time, keys, max_candidates)
-            if records is None:
-                records = self._lookup.records(txn, result.entries)
-        return result, reordered(records, np.searchsorted(records.entries, result.entries))
-
     def candidates(
         self, fps: np.ndarray, *, keys: TableKeys | None = None, max_candidates: int | None = None
     ) -> Candidates:
@@ -354,7 +337,7 @@ class SegmentIndex:
         return np.asarray(at, dtype=np.intp)[present], reordered(records, slot[present])
 
     def kept_after(self, entries: np.ndarray) -> np.ndarray:
-        """How many kept documents were stored after each of these entries (entry keys, as ``search_entries``
+        """How many kept documents were stored after each of these entries (entry keys, as ``candidates``
         gives them): an entry is visible to a document while fewer than ``max_entries`` kept documents came
         between them, and eviction removes it once that many are stored."""
         with self._read() as txn:

@@ -18,8 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamdedup.index import (
+    EntryRecords,
     IndexStorageError,
     PlanError,
+    SearchResult,
     SegmentIndex,
     make_plan,
     table_keys,
@@ -30,6 +32,14 @@ from streamdedup.index.writes import CLOCK_WINDOW
 from tests.index import crash_writer
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _search_records(index: SegmentIndex, queries: np.ndarray) -> tuple[SearchResult, EntryRecords]:
+    """``search``, and the records of what it found, row for row (every one still stored)."""
+    result = index.search(queries)
+    present, records = index.records_of(result.entries)
+    assert present.tolist() == list(range(len(result)))
+    return result, records
 
 
 def _random(n: int, words: int, rng: np.random.Generator) -> np.ndarray:
@@ -104,7 +114,7 @@ def test_exact_plans_return_exactly_the_brute_force_answer(
             flat = index.search(queries)
             assert flat.rows.tolist() == [row for row, hits in enumerate(expected) for _ in hits]
             assert flat.distances.tolist() == [d for hits in expected for _, d in hits]
-            assert index.search_entries(queries)[1].ids == [i for hits in expected for i, _ in hits]
+            assert _search_records(index, queries)[1].ids == [i for hits in expected for i, _ in hits]
             earlier, later, distances = table_keys(index.plan, stored).pairs(stored)
             pairs = np.bitwise_count(stored[:, None, :] ^ stored[None, :, :]).sum(axis=2)
             first, second = np.nonzero(np.triu(pairs <= radius, k=1))
@@ -262,7 +272,7 @@ def test_origins_source_offsets_and_rollback(tmp_path: Path) -> None:
             source_offsets={("in", 0): 109, ("in", 1): 110},
         )
         assert index.source_offsets() == {("in", 0): 109, ("in", 1): 110}
-        _, records = index.search_entries(fps[[3, 8]])
+        _, records = _search_records(index, fps[[3, 8]])
         assert records.ids == ["o3", "o8"]
         assert records.origins == [("in", 1, 103), ("in", 0, 108)]
         assert records.payloads.tolist() == [[3] * 4, [8] * 4]
@@ -281,7 +291,7 @@ def test_origins_of_several_topics_and_none_in_one_batch(tmp_path: Path) -> None
     origins = [("a", 0, 10), None, ("b", 2, 20), ("a", 1, 11), None, ("b", 2, 21)]
     with SegmentIndex(tmp_path, 64, 3, expected_entries=1000) as index:
         index.add([f"m{i}" for i in range(6)], fps, origins=origins)
-        assert index.search_entries(fps)[1].origins == origins
+        assert _search_records(index, fps)[1].origins == origins
         # Rolling topic b back from offset 21 removes exactly its last entry.
         assert index.rollback({("b", 2): 21}) == 1
         assert sorted(i for hits in index.query(fps) for i, _ in hits) == ["m0", "m1", "m2", "m3", "m4"]
@@ -804,7 +814,7 @@ def _stored_rows(
     return rows
 
 
-def test_search_entries_returns_the_records_row_for_row(tmp_path: Path) -> None:
+def test_records_of_a_search_come_row_for_row(tmp_path: Path) -> None:
     rng = np.random.default_rng(11)
     fps = rng.integers(0, 2**64 - 1, size=(50, 2), dtype=np.uint64, endpoint=True)
     with SegmentIndex(tmp_path / "idx", 128, 3, payload_bytes=2) as index:
@@ -818,11 +828,11 @@ def test_search_entries_returns_the_records_row_for_row(tmp_path: Path) -> None:
         )
         queries = fps[[3, 9, 9, 4]].copy()
         queries[:, 0] ^= np.uint64(3)
-        result, records = index.search_entries(queries[:3])
+        result, records = _search_records(index, queries[:3])
         assert result.rows.tolist() == [0, 1, 2]
         assert records.ids == ["e3", "e9", "e9"]
         assert records.origins == [("topic-a", 0, 3), ("topic-a", 0, 9), ("topic-a", 0, 9)]
-        assert index.search_entries(queries[3:])[1].origins == [None]
+        assert _search_records(index, queries[3:])[1].origins == [None]
         queries = queries[:3]
         assert records.times.tolist() == [3.0, 9.0, 9.0]
         assert records.payloads.tolist() == [[3, 7], [9, 7], [9, 7]]
@@ -1134,7 +1144,7 @@ def test_a_rolled_back_batch_leaves_no_trace_in_expiry_eviction_or_the_clock(
         """Keep each document that matches no stored entry (but its own id) and no earlier kept one of its batch."""
         low, high = bounds[b], bounds[b + 1]
         batch = fps[low:high]
-        found, records = index.search_entries(batch)
+        found, records = _search_records(index, batch)
         pairs = zip(found.rows.tolist(), records.ids, strict=True)
         matched = {row for row, entry_id in pairs if entry_id != ids[low + row]}
         earlier, later, _ = table_keys(index.plan, batch).pairs(batch)
@@ -1209,5 +1219,5 @@ def test_a_rollback_past_what_it_can_undo_removes_the_entries_alone(tmp_path: Pa
         assert [e["id"] for e in index.export()] == [f"d{i}" for i in range(20, 25)]
         assert index.stats()["undoable_batches"] == 0
         # Never kept after all, the five count for no earlier entry: d20 has four kept documents after it.
-        d20 = index.search_entries(fps[20:21])[0].entries[:1]
+        d20 = _search_records(index, fps[20:21])[0].entries[:1]
         assert index.kept_after(d20).tolist() == [4]
