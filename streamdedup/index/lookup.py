@@ -19,7 +19,7 @@ from .plan import scatter_bits
 from .sorted_rows import expand_ranges
 from .store import NO_TOPIC, U64, Store, seq_bytes
 
-__all__ = ["Candidates", "EntryRecords", "Lookup", "SearchResult", "reordered"]
+__all__ = ["Candidates", "EntryRecords", "Lookup", "SearchResult"]
 
 _ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
 
@@ -178,15 +178,7 @@ class Lookup:
 
     def _times_and_payloads(self, txn: Any, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Of these entry keys (ascending, distinct), those stored, with their event times and payloads."""
-        with txn.cursor(self.store.entries) as cursor:
-            found = cursor.getmulti(seq_bytes(entries))
-        size = self.fmt.record.itemsize
-        head = np.frombuffer(b"".join(map(itemgetter(slice(None, size)), map(itemgetter(1), found))), self.fmt.record)
-        held = (
-            entries
-            if len(found) == len(entries)
-            else np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=U64).astype(np.uint64)
-        )
+        held, _, head = self._stored(txn, entries)
         return held, head["time"].astype(np.float64), head["payload"].reshape(len(head), self.fmt.payload_bytes)
 
     def _found(
@@ -289,22 +281,27 @@ class Lookup:
             return values
         return scatter_bits(keys, self.fmt.plan.tables[table]) | scatter_bits(values, self.fmt.plan.value_bits(table))
 
-    def fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
-        """Raw records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
-        seqs = np.unique(np.asarray(seqs, dtype=np.uint64))
+    def _stored(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, list[bytes], np.ndarray]:
+        """Of these entry keys (ascending, distinct), those stored, their raw records, and the records' heads."""
         with txn.cursor(self.store.entries) as cursor:
             found = cursor.getmulti(seq_bytes(seqs))
         values = list(map(itemgetter(1), found))
-        size = self.fmt.record.itemsize
         # Every key found (the usual case): the entries are the keys asked for.
         entries = (
             seqs
             if len(values) == len(seqs)
             else np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=U64).astype(np.uint64)
         )
-        # Heads and ids each joined in one pass of C (map with itemgetter), not sliced record by record; ids
-        # stay bytes until read.
+        # Heads joined in one pass of C (map with itemgetter), not sliced record by record.
+        size = self.fmt.record.itemsize
         head = np.frombuffer(b"".join(map(itemgetter(slice(None, size)), values)), dtype=self.fmt.record)
+        return entries, values, head
+
+    def fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
+        """Raw records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
+        entries, values, head = self._stored(txn, np.unique(np.asarray(seqs, dtype=np.uint64)))
+        # Ids joined in one pass too; they stay bytes until read.
+        size = self.fmt.record.itemsize
         id_lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values)) - size
         stops = np.cumsum(id_lengths)
         return entries, head, PackedIds(b"".join(map(itemgetter(slice(size, None)), values)), stops - id_lengths, stops)
@@ -325,6 +322,15 @@ class Lookup:
             origin_rows,
             topics,
         )
+
+    def records_of(self, txn: Any, entries: np.ndarray) -> tuple[np.ndarray, EntryRecords]:
+        """The records of these entry keys: the position in ``entries`` of each one still stored (ascending),
+        and its record, row for row."""
+        records = self.records(txn, entries)
+        slot = np.searchsorted(records.entries, entries)
+        present = slot < len(records.entries)
+        present[present] = records.entries[slot[present]] == entries[present]
+        return np.flatnonzero(present), _reordered(records, slot[present])
 
     def grouped(self, n: int, result: SearchResult, records: EntryRecords) -> list[list[tuple[str, int]]]:
         slot = np.searchsorted(records.entries, result.entries)
@@ -377,7 +383,7 @@ def _distinct_pairs(rows: np.ndarray, named: np.ndarray) -> tuple[np.ndarray, np
     return rows[first].astype(np.int64), named[first], shared
 
 
-def reordered(records: EntryRecords, order: np.ndarray) -> EntryRecords:
+def _reordered(records: EntryRecords, order: np.ndarray) -> EntryRecords:
     return EntryRecords(
         records.entries[order],
         records.ids.take(order),

@@ -54,10 +54,10 @@ def fetched_rows(entries: np.ndarray, fetch: Fetch) -> tuple[np.ndarray, np.ndar
 
 
 class RecordCache:
-    """The event time and payload of entries read lately, by entry key: a direct-mapped cache of ``slots``
-    rows (an entry's slot is its key modulo their number), filled by the lookups that miss it. Entry keys are
-    consecutive, so the newest entries never evict one another, and an old entry a hot key leads to stays until
-    an entry of its slot is read."""
+    """The event time and payload of entries stored or read lately, by entry key: a direct-mapped cache of
+    ``slots`` rows (an entry's slot is its key modulo their number), filled as entries are stored and by the
+    lookups that miss it. Entry keys are consecutive, so the newest entries never evict one another, and an old
+    entry a hot key leads to stays until an entry of its slot is stored or read."""
 
     def __init__(self, slots: int, payload_bytes: int) -> None:
         self.slots = slots

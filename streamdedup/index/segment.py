@@ -66,7 +66,7 @@ from .cached import Cached
 from .expiry import Expiry
 from .format import IndexFormat, planned
 from .keys import TableKeys
-from .lookup import Candidates, EntryRecords, Lookup, SearchResult, reordered
+from .lookup import Candidates, EntryRecords, Lookup, SearchResult
 from .mirror import RecordCache
 from .plan import IndexPlan, PlanError
 from .staging import Staging
@@ -308,13 +308,8 @@ class SegmentIndex:
     def records_of(self, entries: np.ndarray) -> tuple[np.ndarray, EntryRecords]:
         """The records of these entry keys: the position in ``entries`` of each one still stored (ascending),
         and its record, row for row."""
-        entries = np.asarray(entries, dtype=np.uint64)
         with self._read() as txn:
-            records = self._lookup.records(txn, entries)
-        slot = np.searchsorted(records.entries, entries)
-        present = slot < len(records.entries)
-        present[present] = records.entries[slot[present]] == entries[present]
-        return np.flatnonzero(present), reordered(records, slot[present])
+            return self._lookup.records_of(txn, np.asarray(entries, dtype=np.uint64))
 
     def entries_with_ids(self, ids: Sequence[str]) -> tuple[np.ndarray, EntryRecords]:
         """The stored entries of these ids: the position in ``ids`` of each one found (ascending), and its
@@ -323,18 +318,12 @@ class SegmentIndex:
         with self._read() as txn:
             with txn.cursor(self._store.ids) as cursor:
                 found = cursor.getmulti(id_keys)
-            seqs = np.frombuffer(b"".join(v for _, v in found), dtype=U64).astype(np.uint64)
-            records = self._lookup.records(txn, seqs)
-        if not found:
-            return np.zeros(0, np.intp), records
-        # Found ids are rare (a replay, a redelivery): only then is each position looked up.
-        seq_of = dict(found)
-        at = [i for i, key in enumerate(id_keys) if key in seq_of]
-        wanted = np.frombuffer(b"".join(seq_of[id_keys[i]] for i in at), dtype=U64).astype(np.uint64)
-        slot = np.searchsorted(records.entries, wanted)
-        present = slot < len(records.entries)
-        present[present] = records.entries[slot[present]] == wanted[present]
-        return np.asarray(at, dtype=np.intp)[present], reordered(records, slot[present])
+            # Found ids are rare (a replay, a redelivery): only then is each position looked up.
+            seq_of = dict(found)
+            at = [i for i, key in enumerate(id_keys) if key in seq_of]
+            wanted = np.frombuffer(b"".join(seq_of[id_keys[i]] for i in at), dtype=U64).astype(np.uint64)
+            present, records = self._lookup.records_of(txn, wanted)
+        return np.asarray(at, dtype=np.intp)[present], records
 
     def kept_after(self, entries: np.ndarray) -> np.ndarray:
         """How many kept documents were stored after each of these entries (entry keys, as ``candidates``
