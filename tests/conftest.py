@@ -201,7 +201,7 @@ def _openssl(*args: str | Path) -> None:
     subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
 
 
-def _certificate_authority(directory: Path, name: str) -> tuple[Path, Path]:
+def certificate_authority(directory: Path, name: str) -> tuple[Path, Path]:
     cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
     _openssl(
         "req",
@@ -272,8 +272,8 @@ def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredK
     work = tmp_path_factory.mktemp("secured-kafka")
     tls = work / "tls"
     tls.mkdir()
-    authority = _certificate_authority(tls, "streamdedup-test-ca")
-    other_ca, _ = _certificate_authority(tls, "some-other-ca")
+    authority = certificate_authority(tls, "streamdedup-test-ca")
+    other_ca, _ = certificate_authority(tls, "some-other-ca")
     server_cert, server_key = _signed(tls, "localhost", authority, "subjectAltName=IP:127.0.0.1,DNS:localhost")
     client_cert, client_key = _signed(tls, "streamdedup-client", authority)
     keystore = tls / "server-keystore.pem"

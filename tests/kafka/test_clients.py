@@ -3,7 +3,6 @@ from __future__ import annotations
 import asyncio
 import io
 import ssl
-import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from streamdedup.kafka.admin import admin_client, ensure_topics
 from streamdedup.kafka.clients import common_options, security_options
 from streamdedup.logs import configure_logging
 from streamdedup.settings import ConfigError, KafkaSecuritySettings, KafkaSettings, Settings, load_settings
-from tests.conftest import SASL_MECHANISMS, SECURED_USER, SecuredKafka
+from tests.conftest import SASL_MECHANISMS, SECURED_USER, SecuredKafka, certificate_authority
 
 
 def test_plaintext_passes_addresses_and_timeouts() -> None:
@@ -64,27 +63,7 @@ def test_unknown_mechanism_names_the_allowed_values() -> None:
 
 
 def test_ssl_context_trusts_the_ca_and_loads_the_client_certificate(tmp_path: Path) -> None:
-    key, cert = tmp_path / "client.key", tmp_path / "client.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=streamdedup-test",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = certificate_authority(tmp_path, "streamdedup-test")
     security = KafkaSecuritySettings(
         protocol="SSL", ssl_cafile=cert, ssl_certfile=cert, ssl_keyfile=key, ssl_check_hostname=False
     )
