@@ -26,9 +26,9 @@ from .sorted_rows import SortedRows
 
 __all__ = ["MIRROR_ROW_BYTES", "RecordCache", "TableMirror", "fetched_rows"]
 
-MIRROR_ROW_BYTES = 16
+MIRROR_ROW_BYTES = 20
 """Memory a mirrored row takes: its key and its value, 64 bits each (probes are 64-bit: narrower keys would
-make every binary search convert the whole array)."""
+make every lookup convert the whole array), and at most 4 bytes of its table's directory (``sorted_rows.py``)."""
 
 _RECORDS_SHARE = 2
 """The records take this fraction (1/2) of the budget, the tables the rest: then both cover about as many entries

@@ -11,8 +11,12 @@ import numpy as np
 
 __all__ = ["SortedRows", "expand_ranges"]
 
-# Keys this short get a bucket-start array (2**bits + 1 words) in place of two binary searches per probe.
+# Keys this short get a directory of every key (2**bits + 1 starts): a probe's rows are its key's bucket. Longer
+# keys get one of their top bits, about one row a bucket, and a probe is settled within its bucket.
 _DENSE_KEY_BITS = 20
+# Rows of a bucket compared with the probe directly; larger buckets (hot keys, or an unlucky prefix) search.
+_BUCKET_SCAN = 3
+_LOOKUPS_BEFORE_DIRECTORY = 2
 
 
 def expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -30,6 +34,7 @@ class SortedRows:
         self.values = values
         self.key_bits = key_bits
         self._bucket_starts: np.ndarray | None = None
+        self._prefix_shift = 0
         self._lookups = 0
 
     def __len__(self) -> int:
@@ -61,31 +66,59 @@ class SortedRows:
 
     def bounds(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each probe key, the range [low, high) of the rows holding it."""
-        starts = self._bucket_starts
-        if starts is None and self._lookups and self.key_bits <= _DENSE_KEY_BITS:
-            # A second lookup on the same rows (a reader's batches between two writes): one pass over the rows
-            # pays for bucket starts that every further lookup reads with two gathers. A writer's rows change
-            # with each batch and keep the binary searches.
-            starts = np.zeros((1 << self.key_bits) + 1, dtype=np.intp)
-            np.cumsum(np.bincount(self.keys.astype(np.intp), minlength=1 << self.key_bits), out=starts[1:])
-            self._bucket_starts = starts
+        if self._bucket_starts is None and self._lookups >= _LOOKUPS_BEFORE_DIRECTORY and len(self.keys):
+            # Rows that outlive a batch (a writer's merged table between its merges, a reader's rows between two
+            # writes): one pass over them pays for a directory that every further lookup starts from, where a
+            # binary search of a large table takes a cache miss a step. A writer's staged rows change with each
+            # batch, which looks them up twice (candidates, then key capacity), and keep the binary searches.
+            self._build_directory()
         self._lookups += 1
-        if starts is not None:
-            at = probes.astype(np.intp)
-            return starts[at], starts[at + 1]
+        starts = self._bucket_starts
+        if starts is None:
+            return self._searched(probes)
+        at = (probes >> np.uint64(self._prefix_shift)).astype(np.intp)
+        low, end = starts[at].astype(np.intp), starts[at + 1].astype(np.intp)
+        if self._prefix_shift == 0:
+            return low, end
+        # Sorted rows: the bucket's rows below the probe, counted in its first few, are where the probe's start.
+        keys, last, size = self.keys, len(self.keys) - 1, end - low
+        start = low.copy()
+        for step in range(_BUCKET_SCAN):
+            start += (keys[np.minimum(low + step, last)] < probes) & (size > step)
+        large = np.flatnonzero(size > _BUCKET_SCAN)
+        if len(large):
+            start[large] = np.searchsorted(keys, probes[large], side="left")
+        return start, self._ends(probes, start, end)
+
+    def _build_directory(self) -> None:
+        prefix_bits = (
+            self.key_bits
+            if self.key_bits <= _DENSE_KEY_BITS
+            else min(self.key_bits, max(1, len(self.keys).bit_length() - 1))
+        )
+        self._prefix_shift = self.key_bits - prefix_bits
+        starts = np.zeros((1 << prefix_bits) + 1, dtype=np.int32 if len(self.keys) < 1 << 31 else np.int64)
+        prefixes = (self.keys >> np.uint64(self._prefix_shift)).astype(np.intp)
+        np.cumsum(np.bincount(prefixes, minlength=1 << prefix_bits), out=starts[1:])
+        self._bucket_starts = starts
+
+    def _searched(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        low = np.searchsorted(self.keys, probes, side="left")
+        return low, self._ends(probes, low, np.full(len(low), len(self.keys)))
+
+    def _ends(self, probes: np.ndarray, low: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Where each probe's rows end, from where they start and a bound on their end. Most keys probed hold no
+        row or one: the rows at ``low`` and ``low + 1`` settle them, and only keys holding more search again."""
         keys = self.keys
-        low = np.searchsorted(keys, probes, side="left")
         if not len(keys):
-            return low, low
-        # Most keys probed hold no row or one: the rows at low and low + 1 settle them, and only keys holding
-        # more take a second binary search (a third of the cost of one for every probe).
+            return low
         last = len(keys) - 1
-        found = keys[np.minimum(low, last)] == probes
+        found = (low < end) & (keys[np.minimum(low, last)] == probes)
         high = low + found
-        more = found & (keys[np.minimum(low + 1, last)] == probes) & (low < last)
+        more = found & (low + 1 < end) & (keys[np.minimum(low + 1, last)] == probes)
         if more.any():
             high[more] = np.searchsorted(keys, probes[more], side="right")
-        return low, high
+        return high
 
     def read(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The rows of these keys (ascending, distinct), as a stored table's ``read`` gives them: the index in

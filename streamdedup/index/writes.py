@@ -285,12 +285,18 @@ class Writes:
         tables, n = batch_keys.keys.shape
         starts = np.flatnonzero(batch_keys.runs.ravel())
         run_keys = batch_keys.keys.ravel()[starts]
-        table_bounds = np.searchsorted(starts, np.arange(tables + 1) * n).tolist()
+        # Most keys of kept documents were never added (the key filter proves it): they hold no row.
+        key_filter = self.cached.trusted_key_filter(txn)
+        held_any = np.flatnonzero(
+            np.ones(len(starts), dtype=bool) if key_filter is None else key_filter.may_contain(starts // n, run_keys)
+        )
+        table_bounds = np.searchsorted(held_any, np.searchsorted(starts, np.arange(tables + 1) * n)).tolist()
         held = np.zeros(len(starts), dtype=np.int64)
         for table in range(tables):
             low, high = table_bounds[table], table_bounds[table + 1]
             if low < high:
-                held[low:high] = self._rows_held(txn, table, run_keys[low:high])
+                runs = held_any[low:high]
+                held[runs] = self._rows_held(txn, table, run_keys[runs])
         run_lengths = np.diff(np.append(starts, tables * n))
         room = run_ranks(starts, tables * n) + np.repeat(held, run_lengths) < self.key_capacity
         return room.reshape(tables, n)

@@ -12,11 +12,11 @@ def _rows(count: int) -> SortedRows:
 def test_the_budget_is_shared_evenly_and_a_table_over_its_share_is_not_mirrored() -> None:
     # Half the budget for the records read lately, the rest shared evenly by the tables.
     budget = 2 * 3 * RecordCache.row_bytes(256)
-    assert budget - budget // 2 == 4 * 12 * MIRROR_ROW_BYTES + 48
+    assert budget - budget // 2 == 4 * 10 * MIRROR_ROW_BYTES + 16
     mirror = TableMirror.empty(covers=7, tables=4, budget_bytes=budget, payload_bytes=256)
-    assert (mirror.covers, mirror.max_rows, mirror.tables) == (7, 12, (None, None, None, None))
+    assert (mirror.covers, mirror.max_rows, mirror.tables) == (7, 10, (None, None, None, None))
     assert mirror.records.slots == 3
-    assert mirror.fits(12) and not mirror.fits(13)
+    assert mirror.fits(10) and not mirror.fits(11)
     mirror = TableMirror.empty(covers=7, tables=4, budget_bytes=2 * 4 * 10 * MIRROR_ROW_BYTES, payload_bytes=8)
     assert mirror.max_rows == 10
     assert mirror.fits(10) and not mirror.fits(11)

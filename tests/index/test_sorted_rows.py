@@ -26,31 +26,36 @@ def test_bounds_are_the_rows_of_each_probe_on_every_lookup(key_bits: int, data: 
     # A few small keys recur, as hot keys do: probes hold none, one or many rows, and fall past the last.
     key = st.integers(0, 7) | st.integers(0, (1 << key_bits) - 1)
     rows = _rows(data.draw(st.lists(key, max_size=60)), key_bits)
-    # The first lookup searches; later ones (short keys) read bucket starts built on the second: all agree.
-    for _ in range(3):
+    # The first two lookups search; later ones start from a directory built on the third: all agree.
+    for _ in range(4):
         probes = np.unique(np.array(data.draw(st.lists(key, min_size=1, max_size=30)), dtype=np.uint64))
         low, high = rows.bounds(probes)
         assert (low.tolist(), high.tolist()) == _brute_bounds(rows, probes)
 
 
-def test_short_keys_switch_to_bucket_starts_on_the_second_lookup() -> None:
+def test_short_keys_switch_to_a_directory_of_every_key_on_the_third_lookup() -> None:
     rows = _rows([1, 1, 5, 9, 9, 9], key_bits=4)
     probes = np.array([0, 1, 9, 15], dtype=np.uint64)
-    first = rows.bounds(probes)
+    searched = [rows.bounds(probes) for _ in range(2)]
     assert rows._bucket_starts is None
-    second = rows.bounds(probes)
+    direct = rows.bounds(probes)
     assert rows._bucket_starts is not None
     assert rows._bucket_starts.tolist() == [0, 0, 2, 2, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 6, 6, 6]
-    for bounds in (first, second):
+    for bounds in (*searched, direct):
         assert [bound.tolist() for bound in bounds] == [[0, 0, 3, 6], [0, 2, 6, 6]]
 
 
-def test_long_keys_keep_searching() -> None:
-    rows = _rows([7, 1 << 30], key_bits=32)
+def test_long_keys_get_a_directory_of_their_top_bits_and_settle_probes_within_a_bucket() -> None:
+    # Seven rows: a directory of the top 2 bits (four buckets). Bucket 0 holds four rows (more than are compared
+    # directly, so it searches), bucket 1 none, bucket 2 one, bucket 3 two of one key.
+    top = 1 << 30
+    rows = _rows([3, 3, 3, 7, 2 * top + 5, 3 * top, 3 * top], key_bits=32)
+    probes = np.array([3, 7, 8, top, 2 * top + 5, 2 * top + 6, 3 * top, 3 * top + 1], dtype=np.uint64)
     for _ in range(3):
-        low, high = rows.bounds(np.array([7, 8, 1 << 30], dtype=np.uint64))
-        assert (low.tolist(), high.tolist()) == ([0, 1, 1], [1, 1, 2])
-    assert rows._bucket_starts is None
+        low, high = rows.bounds(probes)
+        assert (low.tolist(), high.tolist()) == _brute_bounds(rows, probes)
+    assert rows._bucket_starts is not None
+    assert rows._bucket_starts.tolist() == [0, 4, 4, 5, 7]
 
 
 def test_read_gives_each_row_of_the_probed_keys_with_its_probe() -> None:
