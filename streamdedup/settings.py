@@ -320,7 +320,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
             "Settings", (Settings,), {"model_config": {**Settings.model_config, "yaml_file": Path(path)}}
         )
     try:
-        return settings_cls(**overrides)
+        loaded = settings_cls(**overrides)
+        # Plain Settings again: a per-load subclass cannot be pickled for the processes that take settings.
+        return loaded if settings_cls is Settings else Settings(**loaded.model_dump())
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,20 @@ def test_environment_overrides_the_file(monkeypatch: pytest.MonkeyPatch) -> None
     assert settings.features.word_ngrams == [1, 2]
     assert settings.seed == 0
     assert Fingerprinter.from_settings(settings).fingerprint(["café au lait"]).shape == (1, 2)
+
+
+def test_settings_from_a_file_pickle_for_the_processes_that_take_them(tmp_path: Path) -> None:
+    # Spawned processes (signing workers, benchmark runs) get the settings pickled.
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "fingerprint:\n  features:\n    char_ngram_spaces: true\nkafka:\n  security:\n    sasl_password: pw\n"
+    )
+    settings = load_settings(config)
+    copy = pickle.loads(pickle.dumps(settings))
+    assert copy == settings
+    assert copy.fingerprint.features.char_ngram_spaces is True
+    assert copy.kafka.security.sasl_password is not None
+    assert copy.kafka.security.sasl_password.get_secret_value() == "pw"
 
 
 @pytest.mark.parametrize(
