@@ -21,6 +21,7 @@ import numpy as np
 
 from .document import Document
 from .index import STORAGE_ERRORS, SegmentIndex, TableKeys
+from .index.packed_ids import PackedIds
 from .minhash import SKETCH_DTYPE
 from .names import NOT_DECIDED
 from .settings import Settings
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 # "redelivered": the id of an earlier kept document from another origin (an upstream redelivery), whatever
 # its text.
 Reason = Literal["novel", "exact", "near", "redelivered", "unindexable"]
+
+_REASONS = np.array(["novel", "exact", "near", "redelivered", "unindexable"], dtype=object)
+_NOVEL, _EXACT, _NEAR, _REDELIVERED, _UNINDEXABLE = range(len(_REASONS))
 
 _RESOLVE_ROUNDS = 8
 """Rounds of the vectorised in-batch resolution before the rest goes row by row (``_duplicates_in_stream_order``)."""
@@ -176,14 +180,60 @@ class _StoredCandidates:
             return None
         return self.kept_after + kept_before[self.rows] < max_entries
 
-    def best(self, visible: np.ndarray | None) -> dict[int, tuple[str, int, float]]:
-        """Per row, its best visible candidate's (id, distance, Jaccard estimate)."""
+    def best(self, visible: np.ndarray | None, *, by_id: bool) -> _Matches:
+        """Each row's best visible candidate, settled by id or not."""
         order = np.arange(len(self.rows)) if visible is None else np.flatnonzero(visible)
         first = order[np.unique(self.rows[order], return_index=True)[1]]
-        return {
-            int(self.rows[i]): (self.ids[slot], int(self.distances[slot]), float(self.jaccard[slot]))
-            for i, slot in zip(first.tolist(), self.slots[first].tolist(), strict=True)
-        }
+        slots = self.slots[first]
+        return _Matches(
+            self.rows[first],
+            _ids_at(self.ids, slots),
+            self.distances[slots],
+            self.jaccard[slots],
+            np.full(len(first), by_id),
+        )
+
+
+@dataclass(frozen=True)
+class _Matches:
+    """Matched rows (ascending, distinct), each with its match's id, Hamming distance and Jaccard estimate, and
+    whether the id settled it (a redelivery, or an earlier row of the same id)."""
+
+    rows: np.ndarray
+    ids: np.ndarray
+    distances: np.ndarray
+    jaccard: np.ndarray
+    by_id: np.ndarray
+
+    @classmethod
+    def none(cls) -> _Matches:
+        empty = np.zeros(0, dtype=np.int64)
+        return cls(empty, np.zeros(0, dtype=object), empty, np.zeros(0), np.zeros(0, dtype=bool))
+
+    def over(self, other: _Matches) -> _Matches:
+        """These matches, and ``other``'s of the rows these leave unmatched."""
+        rows = np.concatenate([self.rows, other.rows])
+        first = np.unique(rows, return_index=True)[1]
+        return _Matches(
+            rows[first],
+            np.concatenate([self.ids, other.ids])[first],
+            np.concatenate([self.distances, other.distances])[first],
+            np.concatenate([self.jaccard, other.jaccard])[first],
+            np.concatenate([self.by_id, other.by_id])[first],
+        )
+
+    def matched(self, count: int) -> np.ndarray:
+        """Whether each of ``count`` rows is matched."""
+        matched = np.zeros(count, dtype=bool)
+        matched[self.rows] = True
+        return matched
+
+
+def _ids_at(ids: Sequence[str], slots: np.ndarray) -> np.ndarray:
+    """The ids at ``slots`` as an object array; packed ids decode only these."""
+    chosen = np.empty(len(slots), dtype=object)
+    chosen[:] = list(ids.take(slots)) if isinstance(ids, PackedIds) else [ids[slot] for slot in slots.tolist()]
+    return chosen
 
 
 def _duplicates_in_stream_order(matched: np.ndarray, rows: np.ndarray, candidates: np.ndarray) -> np.ndarray:
@@ -334,6 +384,8 @@ class Deduplicator:
         times = np.fromiter((doc.time for doc in docs), dtype=np.float64, count=len(docs))
         indexable = signatures.indexable
         ids = [doc.id for doc in docs]
+        id_column = np.empty(len(ids), dtype=object)
+        id_column[:] = ids
         origins = [doc.origin for doc in docs]
         fingerprinted = time.perf_counter()
 
@@ -346,20 +398,21 @@ class Deduplicator:
         # until they stay. Row r is settled after r rounds; a batch without a candidate at the edge takes one.
         kept_before: np.ndarray | None = None
         while True:
-            redelivered = redeliveries.best(redeliveries.visible(kept_before, self._max_entries))
+            redelivered = redeliveries.best(redeliveries.visible(kept_before, self._max_entries), by_id=True)
             # An id settles what it names, whatever a text's nearest match.
-            stored_matches = stored.best(stored.visible(kept_before, self._max_entries)) | redelivered
-            matches = dict(stored_matches)
-            by_id = set(redelivered) | self._resolve_within_batch(ids, times, pairs, matches, repeats, kept_before)
+            stored_matches = redelivered.over(stored.best(stored.visible(kept_before, self._max_entries), by_id=False))
+            matches = stored_matches.over(
+                self._resolve_within_batch(id_column, times, pairs, stored_matches, repeats, kept_before)
+            )
             if pairs.copies is not None and self._kept_later_copy(indexable, pairs.copies, matches):
                 # Only first copies were candidates, which is exact while no later copy is kept: here one is.
-                matches = dict(stored_matches)
                 every_pair = self.signer.keyed(signatures, every_pair=True).pairs
                 assert every_pair is not None
                 pairs = every_pair
-                by_id = set(redelivered) | self._resolve_within_batch(ids, times, pairs, matches, repeats, kept_before)
-            duplicate = np.zeros(len(docs), dtype=bool)
-            duplicate[list(matches)] = True
+                matches = stored_matches.over(
+                    self._resolve_within_batch(id_column, times, pairs, stored_matches, repeats, kept_before)
+                )
+            duplicate = matches.matched(len(docs))
             if self._max_entries is None:
                 break
             kept = indexable & ~duplicate
@@ -371,7 +424,7 @@ class Deduplicator:
                 break
             kept_before = counted
 
-        verdicts = self._verdicts(fps, indexable, duplicate, matches, by_id, signatures.errors)
+        verdicts = self._verdicts(fps, indexable, matches, signatures.errors)
 
         looked_up = time.perf_counter()
         keep = np.flatnonzero(indexable & ~duplicate)
@@ -397,27 +450,22 @@ class Deduplicator:
         return verdicts
 
     def _verdicts(
-        self,
-        fps: np.ndarray,
-        indexable: np.ndarray,
-        duplicate: np.ndarray,
-        matches: dict[int, tuple[str, int, float]],
-        by_id: set[int],
-        errors: tuple[str | None, ...],
+        self, fps: np.ndarray, indexable: np.ndarray, matches: _Matches, errors: tuple[str | None, ...]
     ) -> Verdicts:
-        """The batch's verdicts: a Python step only for the duplicates and the rows that cannot be indexed."""
+        """The batch's verdicts, column by column."""
         count = len(fps)
-        reasons: list[Reason] = ["novel"] * count
-        match_ids: list[str | None] = [None] * count
-        distances: list[int | None] = [None] * count
-        jaccards: list[float | None] = [None] * count
-        for row in np.flatnonzero(~indexable).tolist():
-            reasons[row] = "unindexable"
-        for row, (match_id, distance, jaccard) in matches.items():
-            exact = distance == 0 and (not self._verify or jaccard >= 1.0)
-            reasons[row] = "redelivered" if row in by_id else "exact" if exact else "near"
-            match_ids[row], distances[row], jaccards[row] = match_id, distance, jaccard
-        return Verdicts(~duplicate, reasons, fps, match_ids, distances, jaccards, tuple(errors))
+        reason = np.where(indexable, _NOVEL, _UNINDEXABLE)
+        exact = (matches.distances == 0) & (not self._verify or matches.jaccard >= 1.0)
+        reason[matches.rows] = np.where(matches.by_id, _REDELIVERED, np.where(exact, _EXACT, _NEAR))
+        match_ids, distances, jaccards = (np.full(count, None, dtype=object) for _ in range(3))
+        match_ids[matches.rows] = matches.ids
+        distances[matches.rows] = matches.distances.tolist()
+        jaccards[matches.rows] = matches.jaccard.tolist()
+        novel = np.ones(count, dtype=bool)
+        novel[matches.rows] = False
+        return Verdicts(
+            novel, _REASONS[reason].tolist(), fps, match_ids.tolist(), distances.tolist(), jaccards.tolist(), errors
+        )
 
     def _accepts(self, jaccard: np.ndarray) -> np.ndarray:
         return jaccard >= self._min_jaccard if self._verify else np.ones(len(jaccard), dtype=bool)
@@ -561,43 +609,35 @@ class Deduplicator:
         return candidates_found, candidates
 
     @staticmethod
-    def _kept_later_copy(indexable: np.ndarray, copies: np.ndarray, matches: dict[int, tuple[str, int, float]]) -> bool:
+    def _kept_later_copy(indexable: np.ndarray, copies: np.ndarray, matches: _Matches) -> bool:
         """Whether a copy after the first (see ``BatchPairs``) is kept: it stays unmatched though indexable."""
-        unmatched = indexable & (copies != np.arange(len(copies)))
-        unmatched[list(matches)] = False
+        unmatched = indexable & (copies != np.arange(len(copies))) & ~matches.matched(len(copies))
         return bool(unmatched.any())
 
     def _resolve_within_batch(
         self,
-        ids: list[str],
+        ids: np.ndarray,
         times: np.ndarray,
         pairs: BatchPairs,
-        matches: dict[int, tuple[str, int, float]],
+        matches: _Matches,
         repeats: BatchPairs,
         kept_before: np.ndarray | None,
-    ) -> set[int]:
-        """Match documents against earlier *kept* documents of the same batch within ``max_entries`` kept
-        documents (``kept_before`` each row; None: all), in stream order: those of the same id (``repeats``)
-        first, then the near ones. Returns the rows matched by id."""
+    ) -> _Matches:
+        """The rows ``matches`` leave unmatched that match an earlier *kept* row of the same batch within
+        ``max_entries`` kept documents (``kept_before`` each row; None: all), in stream order: those of the same
+        id (``repeats``) first, then the near ones."""
         earlier, later = np.concatenate([repeats.earlier, pairs.earlier]), np.concatenate([repeats.later, pairs.later])
         if not len(earlier):
-            return set()
+            return _Matches.none()
         distances = np.concatenate([repeats.distances, pairs.distances])
         jaccard = np.concatenate([repeats.jaccard, pairs.jaccard])
         by_id = np.arange(len(earlier)) < len(repeats.earlier)
         visible = self._in_window(kept_before, earlier, later)
         order = self._ranked(later, earlier, distances, jaccard, times[earlier], times[later], by_id, visible)
         rows, candidates = later[order], earlier[order]
-        matched = np.zeros(len(ids), dtype=bool)
-        matched[list(matches)] = True
+        matched = matches.matched(len(ids))
         duplicate = _duplicates_in_stream_order(matched, rows, candidates)
         # Each row matched here takes its best candidate that is kept itself (pairs come best first per row).
         taken = np.flatnonzero(~matched[rows] & ~duplicate[candidates])
-        taken = taken[np.unique(rows[taken], return_index=True)[1]]
-        matched_by_id: set[int] = set()
-        for i in order[taken].tolist():
-            row, candidate = int(later[i]), int(earlier[i])
-            matches[row] = (ids[candidate], int(distances[i]), float(jaccard[i]))
-            if by_id[i]:
-                matched_by_id.add(row)
-        return matched_by_id
+        taken = order[taken[np.unique(rows[taken], return_index=True)[1]]]
+        return _Matches(later[taken], ids[earlier[taken]], distances[taken], jaccard[taken], by_id[taken])
