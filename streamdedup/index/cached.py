@@ -177,7 +177,13 @@ class Cached:
         if current is None or current.covers != keyed:
             if not state.writing:
                 return None
-            current = TableMirror.empty(keyed, len(self.store.tables), self.mirror_bytes, self.store.fmt.payload_bytes)
+            current = TableMirror.empty(
+                keyed,
+                len(self.store.tables),
+                self.mirror_bytes,
+                self.store.fmt.payload_bytes,
+                max(table.key_bits for table in self.store.tables),
+            )
             # A table nothing was merged into yet is copied now (empty): its lookups then skip LMDB.
             for table in range(len(self.store.tables)):
                 stored_table = self.store.entry_table(table)

@@ -22,13 +22,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .sorted_rows import SortedRows
+from .sorted_rows import SortedRows, key_dtype
 
-__all__ = ["MIRROR_ROW_BYTES", "RecordCache", "TableMirror", "fetched_rows"]
+__all__ = ["RecordCache", "TableMirror", "fetched_rows", "mirror_row_bytes"]
 
-MIRROR_ROW_BYTES = 20
-"""Memory a mirrored row takes: its key and its value, 64 bits each (probes are 64-bit: narrower keys would
-make every lookup convert the whole array), and at most 4 bytes of its table's directory (``sorted_rows.py``)."""
+
+def mirror_row_bytes(key_bits: int) -> int:
+    """Memory a mirrored row takes: its key (:func:`key_dtype`), its value (an entry key, 64 bits), and at most
+    4 bytes of its table's directory (``sorted_rows.py``)."""
+    return key_dtype(key_bits).itemsize + 8 + 4
+
 
 _RECORDS_SHARE = 2
 """The records take this fraction (1/2) of the budget, the tables the rest: then both cover about as many entries
@@ -121,9 +124,9 @@ class TableMirror:
     records: RecordCache = field(default_factory=lambda: RecordCache(0, 0))
 
     @classmethod
-    def empty(cls, covers: int, tables: int, budget_bytes: int, payload_bytes: int) -> TableMirror:
+    def empty(cls, covers: int, tables: int, budget_bytes: int, payload_bytes: int, key_bits: int) -> TableMirror:
         records = budget_bytes // _RECORDS_SHARE
-        rows = (budget_bytes - records) // (MIRROR_ROW_BYTES * max(tables, 1))
+        rows = (budget_bytes - records) // (mirror_row_bytes(key_bits) * max(tables, 1))
         cache = RecordCache(records // RecordCache.row_bytes(payload_bytes), payload_bytes)
         return cls(covers, (None,) * tables, rows, cache)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SortedRows", "expand_ranges"]
+__all__ = ["SortedRows", "expand_ranges", "key_dtype"]
 
 # Keys this short get a directory of every key (2**bits + 1 starts): a probe's rows are its key's bucket. Longer
 # keys get one of their top bits, about one row a bucket, and a probe is settled within its bucket.
@@ -26,11 +26,18 @@ def expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.nda
     return low[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts), owner
 
 
+def key_dtype(key_bits: int) -> np.dtype:
+    """What keys of ``key_bits`` bits are held as: 32-bit words where they fit (half the memory, and half the
+    cache lines a search touches), else 64-bit."""
+    return np.dtype(np.uint32 if key_bits <= 32 else np.uint64)
+
+
 class SortedRows:
-    """One table's rows: ``keys`` ascending, ``values`` beside them, keys of ``key_bits`` bits."""
+    """One table's rows: ``keys`` ascending (as :func:`key_dtype`), ``values`` beside them, keys of ``key_bits``
+    bits. Probes and merged keys may come as any unsigned integers."""
 
     def __init__(self, keys: np.ndarray, values: np.ndarray, key_bits: int) -> None:
-        self.keys = keys
+        self.keys = keys.astype(key_dtype(key_bits), copy=False)
         self.values = values
         self.key_bits = key_bits
         self._bucket_starts: np.ndarray | None = None
@@ -55,6 +62,7 @@ class SortedRows:
     def merged(self, keys: np.ndarray, values: np.ndarray) -> SortedRows:
         """These rows (``keys`` ascending) merged in, after the equal keys already here. Not ``np.insert``:
         that sorts the positions again and builds its mask once per array."""
+        keys = keys.astype(self.keys.dtype, copy=False)
         slots = np.searchsorted(self.keys, keys, side="right") + np.arange(len(keys))
         old_slots = np.ones(len(self.keys) + len(keys), dtype=bool)
         old_slots[slots] = False
@@ -73,6 +81,8 @@ class SortedRows:
             # batch, which looks them up twice (candidates, then key capacity), and keep the binary searches.
             self._build_directory()
         self._lookups += 1
+        # Searching keys of another width would convert the whole array.
+        probes = probes.astype(self.keys.dtype, copy=False)
         starts = self._bucket_starts
         if starts is None:
             return self._searched(probes)

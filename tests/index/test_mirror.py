@@ -1,6 +1,6 @@
 import numpy as np
 
-from streamdedup.index.mirror import MIRROR_ROW_BYTES, RecordCache, TableMirror
+from streamdedup.index.mirror import RecordCache, TableMirror, mirror_row_bytes
 from streamdedup.index.sorted_rows import SortedRows
 
 
@@ -10,14 +10,17 @@ def _rows(count: int) -> SortedRows:
 
 
 def test_the_budget_is_shared_evenly_and_a_table_over_its_share_is_not_mirrored() -> None:
-    # Half the budget for the records read lately, the rest shared evenly by the tables.
+    # Half the budget for the records read lately, the rest shared evenly by the tables: 16 bytes a row of
+    # 32-bit keys (key 4, value 8, directory 4), 20 of 64-bit keys.
+    assert (mirror_row_bytes(32), mirror_row_bytes(64)) == (16, 20)
     budget = 2 * 3 * RecordCache.row_bytes(256)
-    assert budget - budget // 2 == 4 * 10 * MIRROR_ROW_BYTES + 16
-    mirror = TableMirror.empty(covers=7, tables=4, budget_bytes=budget, payload_bytes=256)
-    assert (mirror.covers, mirror.max_rows, mirror.tables) == (7, 10, (None, None, None, None))
+    assert budget - budget // 2 == 4 * 12 * mirror_row_bytes(32) + 48
+    mirror = TableMirror.empty(covers=7, tables=4, budget_bytes=budget, payload_bytes=256, key_bits=32)
+    assert (mirror.covers, mirror.max_rows, mirror.tables) == (7, 12, (None, None, None, None))
     assert mirror.records.slots == 3
-    assert mirror.fits(10) and not mirror.fits(11)
-    mirror = TableMirror.empty(covers=7, tables=4, budget_bytes=2 * 4 * 10 * MIRROR_ROW_BYTES, payload_bytes=8)
+    assert mirror.fits(12) and not mirror.fits(13)
+    budget = 2 * 4 * 10 * mirror_row_bytes(64)
+    mirror = TableMirror.empty(covers=7, tables=4, budget_bytes=budget, payload_bytes=8, key_bits=64)
     assert mirror.max_rows == 10
     assert mirror.fits(10) and not mirror.fits(11)
     filled = mirror.with_table(1, _rows(10))
@@ -30,7 +33,8 @@ def test_the_budget_is_shared_evenly_and_a_table_over_its_share_is_not_mirrored(
 
 
 def test_advancing_keeps_every_table_and_moves_the_count() -> None:
-    filled = TableMirror.empty(covers=3, tables=2, budget_bytes=1 << 20, payload_bytes=8).with_table(0, _rows(5))
+    empty = TableMirror.empty(covers=3, tables=2, budget_bytes=1 << 20, payload_bytes=8, key_bits=32)
+    filled = empty.with_table(0, _rows(5))
     advanced = filled.advanced(4)
     assert advanced.covers == 4 and advanced.tables == filled.tables and filled.covers == 3
 
