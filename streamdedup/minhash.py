@@ -8,8 +8,15 @@ keep the order of the values and, like b-bit minwise hashing, almost every disti
 bytes. Features whose values coincide in those bits count as one. Two sets
 share their minimum with probability equal to their Jaccard index, and the k least values of one hash
 function make a cluster key that needs k shared members to match and changes rarely as members come and
-go. The Jaccard estimate between two sketches is the standard bottom-k one: among the k smallest distinct
-values of the union of both sketches, the fraction present in both.
+go.
+
+The Jaccard estimate between two sketches reads every value both sketches see: below the smaller of their
+largest values (a sketch padded with fewer than k values holds its whole set and sets no bound), every member
+of either set is in its sketch, so the values there are the union's own least values, and the share of them
+in both sketches estimates the Jaccard index. That region holds k to 2k values of the union, where the classic
+estimate reads only its k least (Cohen and Kaplan, "Leveraging discarded samples for tighter estimation of
+multiple-set aggregates", SIGMETRICS 2009): the estimate is less noisy at the same sketch size, and exact for
+two sets that fit in their sketches.
 """
 
 from __future__ import annotations
@@ -31,6 +38,14 @@ _MIXED_SHIFT = np.uint64(64 - SKETCH_BITS)
 _VALUE_MASK = np.uint64((1 << SKETCH_BITS) - 1)
 _MERGED_PER_BLOCK = 1 << 16
 """Merged sketch values :meth:`BottomK.jaccard` works on at a time."""
+_NO_BOUND = np.uint32(EMPTY_SLOT - 1)
+"""Above every sketch value, below the pads."""
+
+
+def _bound(sketches: np.ndarray) -> np.ndarray:
+    """Each row's largest value, or :data:`_NO_BOUND` for a row padded (its whole set)."""
+    last = sketches[:, -1]
+    return np.where(last == EMPTY_SLOT, _NO_BOUND, last)
 
 
 class BottomK:
@@ -71,41 +86,36 @@ class BottomK:
         a, b = np.atleast_2d(a), np.atleast_2d(b)
         if a.shape != b.shape or a.shape[1] != self.k:
             raise ValueError(f"sketches must both have shape (n, {self.k}), got {a.shape} and {b.shape}")
-        k, pairs, width = self.k, len(a), 2 * self.k
+        pairs, width = len(a), 2 * self.k
         # Blocks of rows keep the working arrays in cache, and the same arrays serve every block.
         rows = max(1, min(pairs, _MERGED_PER_BLOCK // width))
         merged_rows = np.empty((rows, width), dtype=np.result_type(a, b))
-        changes = np.empty(rows * width - 1, dtype=bool)
-        counts = np.zeros(rows * width, dtype=np.int32)
-        row_starts = np.arange(0, rows * width, width)
-        top = np.empty(pairs, dtype=np.int32)
-        below_top = np.empty(pairs, dtype=np.intp)
+        inside_rows = np.empty((rows, width), dtype=bool)
+        repeated_rows = np.empty((rows, width), dtype=bool)
+        # Counts of at most 2k per row: 16 bits hold any sketch size allowed.
+        seen = np.empty(pairs, dtype=np.uint16)
+        shared = np.empty(pairs, dtype=np.uint16)
+        # Where each sketch's values stop being all of its set's: its largest value, or none for a padded one.
+        bound = np.minimum(_bound(a), _bound(b))
         for start in range(0, pairs, rows):
             stop = min(pairs, start + rows)
-            size = (stop - start) * width
-            merged = merged_rows[: stop - start]
+            block = stop - start
+            merged, inside, repeated = merged_rows[:block], inside_rows[:block], repeated_rows[:block]
             np.concatenate([a[start:stop], b[start:stop]], axis=1, out=merged)
             # numpy's default sort is vectorised (SIMD) for unsigned integers: several times faster here than its
-            # stable sort, though that merges the two sorted runs in one pass. Pads sort last, as one value.
+            # stable sort, though that merges the two sorted runs in one pass.
             merged.sort(axis=1)
+            np.less_equal(merged, bound[start:stop, None], out=inside)
+            # A value in both sketches comes twice in a row (a sketch holds each value once): compared over the
+            # whole block at once, then the comparisons across rows dropped.
             flat = merged.ravel()
-            np.not_equal(flat[1:], flat[:-1], out=changes[: size - 1])
-            # Changes counted over the whole block ascend across it, and a position's rank among its row's distinct
-            # values is its count less that of the row's first position.
-            np.cumsum(changes[: size - 1].view(np.uint8), dtype=np.int32, out=counts[1:size])
-            first, last = counts[:size:width], counts[width - 1 : size : width]
-            # The union's size, at most k: the row's distinct values, the pads' one excepted.
-            block_top = top[start:stop]
-            np.subtract(last, first, out=block_top)
-            block_top += merged[:, -1] != EMPTY_SLOT
-            np.minimum(block_top, k, out=block_top)
-            # The positions ranked below it hold the union's least values, a value in both sketches twice: one
-            # search over the block finds how many there are in each row.
-            found = np.searchsorted(counts[:size], first + block_top)
-            np.subtract(found, row_starts[: stop - start], out=below_top[start:stop])
-        # The search lands past a row whose ranks all stay below its union's size.
-        np.minimum(below_top, width, out=below_top)
-        return np.divide(below_top - top, top, out=np.ones(pairs), where=top > 0)
+            np.equal(flat[1:], flat[:-1], out=repeated.ravel()[1:])
+            repeated[:, 0] = False
+            repeated &= inside
+            np.add.reduce(inside.view(np.uint8), axis=1, dtype=np.uint16, out=seen[start:stop])
+            np.add.reduce(repeated.view(np.uint8), axis=1, dtype=np.uint16, out=shared[start:stop])
+        union = seen - shared
+        return np.divide(shared, union, out=np.ones(pairs), where=union > 0)
 
     def cluster_key(self, sketch: np.ndarray) -> bytes | list[bytes]:
         """A stable key-value-store key: the sketch's values as big-endian bytes (one key per row of a 2-D array)."""
