@@ -461,10 +461,14 @@ class Deduplicator:
         match_ids[matches.rows] = matches.ids
         distances[matches.rows] = matches.distances.tolist()
         jaccards[matches.rows] = matches.jaccard.tolist()
-        novel = np.ones(count, dtype=bool)
-        novel[matches.rows] = False
         return Verdicts(
-            novel, _REASONS[reason].tolist(), fps, match_ids.tolist(), distances.tolist(), jaccards.tolist(), errors
+            ~matches.matched(count),
+            _REASONS[reason].tolist(),
+            fps,
+            match_ids.tolist(),
+            distances.tolist(),
+            jaccards.tolist(),
+            errors,
         )
 
     def _accepts(self, jaccard: np.ndarray) -> np.ndarray:

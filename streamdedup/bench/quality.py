@@ -203,11 +203,10 @@ _WARM_UP_DOCUMENTS = 2_000
 _PEER_MODULES = {"simhash": "simhash", "minhash-0.5": "datasketch", "minhash-0.8": "datasketch", "rensa": "rensa"}
 
 
-def _import_peers(systems: Sequence[str]) -> None:
-    """Import these systems' modules now, before any clock."""
-    for name in systems:
-        if name in _PEER_MODULES:
-            importlib.import_module(_PEER_MODULES[name])
+def _import_peer(name: str) -> None:
+    """Import a peer's module now, before any clock."""
+    if name in _PEER_MODULES:
+        importlib.import_module(_PEER_MODULES[name])
 
 
 def run_peer(
@@ -256,7 +255,7 @@ def _timed_in_child(name: str, docs: Sequence[BenchDoc], settings: Settings) -> 
 
 def _child_run(sender: Any, name: str, docs: Sequence[BenchDoc], settings: Settings) -> None:
     try:
-        _import_peers([name])
+        _import_peer(name)
         with signer_pool(settings) if name == "streamdedup" else nullcontext() as pool:
             if pool is not None:
                 for ready in pool.warm_up():

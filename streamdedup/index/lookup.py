@@ -130,9 +130,7 @@ class Lookup:
             distances = np.bitwise_count(folds ^ fps[rows_q, 0]).astype(np.int64)
         if self.fmt.words > 1 or min_time is not None:
             records = self.records(txn, np.unique(seqs))
-            slot = np.searchsorted(records.entries, seqs)
-            present = slot < len(records.entries)
-            present[present] = records.entries[slot[present]] == seqs[present]
+            slot, present = _located(records, seqs)
             rows_q, seqs, slot = rows_q[present], seqs[present], slot[present]
             if self.fmt.words == 1:
                 distances = distances[present]
@@ -327,9 +325,7 @@ class Lookup:
         """The records of these entry keys: the position in ``entries`` of each one still stored (ascending),
         and its record, row for row."""
         records = self.records(txn, entries)
-        slot = np.searchsorted(records.entries, entries)
-        present = slot < len(records.entries)
-        present[present] = records.entries[slot[present]] == entries[present]
+        slot, present = _located(records, entries)
         return np.flatnonzero(present), _reordered(records, slot[present])
 
     def grouped(self, n: int, result: SearchResult, records: EntryRecords) -> list[list[tuple[str, int]]]:
@@ -381,6 +377,14 @@ def _distinct_pairs(rows: np.ndarray, named: np.ndarray) -> tuple[np.ndarray, np
     first = np.concatenate([[True], (rows[1:] != rows[:-1]) | (named[1:] != named[:-1])])
     shared = np.diff(np.append(np.flatnonzero(first), len(first)))
     return rows[first].astype(np.int64), named[first], shared
+
+
+def _located(records: EntryRecords, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``entries`` is among the records (sorted by entry key), and whether it is there."""
+    slot = np.searchsorted(records.entries, entries)
+    present = slot < len(records.entries)
+    present[present] = records.entries[slot[present]] == entries[present]
+    return slot, present
 
 
 def _reordered(records: EntryRecords, order: np.ndarray) -> EntryRecords:
