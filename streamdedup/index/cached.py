@@ -41,6 +41,8 @@ from .store import (
     META_KEYED_WRITES,
     META_STAGED_GENERATION,
     Store,
+    id_hashes,
+    keys_of_ids,
 )
 
 __all__ = ["KEY_FILTER_FILE", "Cached"]
@@ -232,16 +234,16 @@ class Cached:
 
     # ----------------------------------------------------------------- key filter
 
-    def keys_added(self, txn: Any, keys: np.ndarray) -> int:
-        """Count a write that adds table keys ((tables, n)), which a saved key filter then lacks, and mark them
-        in the writer's filter; returns the count of such writes before it."""
+    def keys_added(self, txn: Any, keys: np.ndarray, id_keys: list[bytes]) -> int:
+        """Count a write that adds entries (their table keys (tables, n) and the keys of their ids), which a saved
+        key filter then lacks, and mark them in the writer's filter; returns the count of such writes before it."""
         self.table_mirror(txn)  # taken up at the count before this write moves it
         keyed = self.store.counter(txn, META_KEYED_WRITES)
         self.store.put_counter(txn, META_KEYED_WRITES, keyed + 1)
         txn.delete(META_KEY_FILTER_TOKEN, db=self.store.meta)
         if self.key_filter is not None:
             # Bits set now stay set if the write aborts: harmless, a set bit only sends a key on to LMDB.
-            self.key_filter.add(keys)
+            self.key_filter.add(keys, id_hashes(id_keys))
             self._txn.filtered.append((self.key_filter, keyed))
         if self._txn.mirror is not None:
             self._txn.mirror = self._txn.mirror.advanced(keyed + 1)
@@ -286,7 +288,7 @@ class Cached:
         return self.key_filter
 
     def fill_key_filter(self, txn: Any, key_filter: KeyFilter) -> None:
-        """Set the bits of every stored entry's keys."""
+        """Set the bits of every stored entry's keys and id."""
         fmt = self.store.fmt
         size = fmt.record.itemsize
         with txn.cursor(self.store.entries) as cursor:
@@ -294,7 +296,7 @@ class Cached:
             while chunk := list(islice(records, _FILTER_BUILD_ROWS)):
                 head = np.frombuffer(b"".join(value[:size] for value in chunk), dtype=fmt.record)
                 keys, _, _ = table_rows(fmt.plan, head["fp"].reshape(len(head), fmt.words).astype(np.uint64))
-                key_filter.add(keys)
+                key_filter.add(keys, id_hashes(keys_of_ids([value[size:] for value in chunk])))
 
     def save_key_filter(self) -> None:
         """Save a trusted key filter for the next writer to open this index, so it need not rebuild it."""

@@ -314,8 +314,9 @@ class Expiry:
                     strict=True,
                 )
             )
+        id_keys = keys_of_ids(id_bytes)
         with txn.cursor(self.store.ids) as cursor:
-            cursor.putmulti(zip(keys_of_ids(id_bytes), seq_keys, strict=True))
+            cursor.putmulti(zip(id_keys, seq_keys, strict=True))
         with_origin = heads["topic"] != NO_TOPIC
         with txn.cursor(self.store.origins) as cursor:
             cursor.putmulti(zip(origin_keys(heads[with_origin]), compress(seq_keys, with_origin.tolist()), strict=True))
@@ -323,4 +324,4 @@ class Expiry:
         if not self.fmt.entry_valued:
             with txn.cursor(self.store.folds) as cursor:
                 cursor.putmulti(zip(seq_bytes(folds), seq_keys, strict=True))
-        self.cached.keys_added(txn, keys)
+        self.cached.keys_added(txn, keys, id_keys)

@@ -13,6 +13,10 @@ a doubling then hold two bits each; after k doublings about k/2 bits a key are s
 of absent keys pass after the five doublings from the smallest bitmaps to the largest, against 6 % when
 rebuilt), and no stored entry is read again.
 
+One more bitmap does the same for the ids of stored entries (over a hash of each id's key, see
+``store.id_hashes``): most documents of a stream bring an id never seen, and a clear bit spares the LMDB read
+that looks for it as a redelivery or a re-added id.
+
 It is valid for one state of the index, named by the index's count of batches that added keys (``covers``):
 the index checks that count before trusting the filter, and rebuilds the filter from the stored entries when
 another writer (another process) moved it. A closing writer saves it beside the index with a random token that
@@ -35,7 +39,8 @@ BITS_PER_KEY = 16
 """At capacity, about 6 % of absent keys find their bit set (1 - e^(-1/16))."""
 MIN_CAPACITY = 1 << 16
 MAX_BYTES = 128 << 20
-"""All tables together: past ~2M entries under 32 tables the filter lets more misses through, not more memory."""
+"""All tables together (the ids take one table's more): past ~2M entries under 32 tables the filter lets more misses
+through, not more memory."""
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the product's top bits mix every key bit
 # Keys per table added at once: with many more, the passes' scattered reads and writes fall out of cache (65,536
 # a table in one go took longer than np.bitwise_or.at; in blocks of this size, 10-20 % less).
@@ -56,19 +61,48 @@ def _spread(nibble_shift: int) -> np.ndarray:
 _SPREAD_LOW, _SPREAD_HIGH = _spread(0), _spread(4)
 
 
+def _set_bits(bitmaps: np.ndarray, slots: np.ndarray) -> None:
+    """Set the bits of ``slots`` ((rows, m)) in ``bitmaps`` ((rows, bytes)), row for row."""
+    row_bytes = np.uint64(bitmaps.shape[1])
+    positions = (np.arange(len(slots), dtype=np.uint64)[:, None] * row_bytes + (slots >> np.uint64(3))).ravel()
+    positions = positions.astype(np.intp)
+    bits = (slots & np.uint64(7)).astype(np.uint8).ravel()
+    # One pass per bit position, where np.bitwise_or.at takes one pass but 3-6x as long on a batch's keys: within
+    # a pass every write ORs the same bit, so keys that share a byte cannot undo each other's.
+    order = np.argsort(bits, kind="stable")
+    bounds = np.searchsorted(bits[order], np.arange(9, dtype=np.uint8)).tolist()
+    flat = bitmaps.reshape(-1)
+    for bit in range(8):
+        flat[positions[order[bounds[bit] : bounds[bit + 1]]]] |= np.uint8(1 << bit)
+
+
+def _bits_at(bitmaps: np.ndarray, row: int | np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """The bits of ``slots`` in ``bitmaps`` row ``row`` (or ``row[i]`` each)."""
+    # One gather from the flat bitmaps: cheaper than indexing rows and columns.
+    at = (slots >> np.uint64(3)).astype(np.intp)
+    at += np.asarray(row, dtype=np.intp) * bitmaps.shape[1]
+    found = bitmaps.reshape(-1)[at]
+    found >>= (slots & np.uint64(7)).astype(np.uint8)
+    return (found & np.uint8(1)).view(bool)
+
+
 class KeyFilter:
-    """One bitmap per table over hashed keys (the keys themselves when the bitmap has room for all)."""
+    """One bitmap per table over hashed keys (the keys themselves when the bitmap has room for all), and one over
+    hashed ids, as large as a table's would be if its keys were hashed."""
 
     def __init__(self, key_bits: Sequence[int], capacity: int, covers: int) -> None:
         tables = len(key_bits)
         self._key_bits = tuple(key_bits)
-        wanted = max(capacity, MIN_CAPACITY) * BITS_PER_KEY
-        self._largest = max(3, min(max(key_bits), (MAX_BYTES * 8 // tables).bit_length() - 1))
-        self.slot_bits = min(self._largest, max(3, (wanted - 1).bit_length()))
+        wanted = max(3, (max(capacity, MIN_CAPACITY) * BITS_PER_KEY - 1).bit_length())
+        largest_hashed = max(3, (MAX_BYTES * 8 // tables).bit_length() - 1)
+        self._largest = min(max(key_bits), largest_hashed)
+        self.slot_bits = min(self._largest, wanted)
+        self.id_slot_bits = min(largest_hashed, wanted)
         self.covers = covers
         self._identity = self.slot_bits >= max(key_bits)
         self._shift = np.uint64(64 - self.slot_bits)
         self._bitmaps = np.zeros((tables, (1 << self.slot_bits) // 8), dtype=np.uint8)
+        self._id_bitmap = np.zeros((1, (1 << self.id_slot_bits) // 8), dtype=np.uint8)
 
     @property
     def capacity(self) -> int:
@@ -92,49 +126,41 @@ class KeyFilter:
         larger = KeyFilter(self._key_bits, 2 * self.capacity, self.covers)
         if self._identity or larger._identity or larger.slot_bits != self.slot_bits + 1:
             return None
-        larger._bitmaps[:, 0::2] = _SPREAD_LOW[self._bitmaps]
-        larger._bitmaps[:, 1::2] = _SPREAD_HIGH[self._bitmaps]
+        for old, new in ((self._bitmaps, larger._bitmaps), (self._id_bitmap, larger._id_bitmap)):
+            new[:, 0::2] = _SPREAD_LOW[old]
+            new[:, 1::2] = _SPREAD_HIGH[old]
         return larger
 
     def _slots(self, keys: np.ndarray) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.uint64)
         return keys if self._identity else (keys * _GOLDEN) >> self._shift
 
-    def add(self, keys: np.ndarray) -> None:
-        """Mark ``keys`` ((tables, n) uint64, row t holding table t's keys) as present."""
-        keys = np.asarray(keys, dtype=np.uint64)
-        for start in range(0, keys.shape[1], _ADD_BLOCK):
-            self._add_block(keys[:, start : start + _ADD_BLOCK])
+    def _id_slots(self, id_hashes: np.ndarray) -> np.ndarray:
+        return (np.asarray(id_hashes, dtype=np.uint64) * _GOLDEN) >> np.uint64(64 - self.id_slot_bits)
 
-    def _add_block(self, keys: np.ndarray) -> None:
-        slots = self._slots(keys)
-        row_bytes = np.uint64(self._bitmaps.shape[1])
-        positions = (np.arange(len(slots), dtype=np.uint64)[:, None] * row_bytes + (slots >> np.uint64(3))).ravel()
-        positions = positions.astype(np.intp)
-        bits = (slots & np.uint64(7)).astype(np.uint8).ravel()
-        # One pass per bit position, where np.bitwise_or.at takes one pass but 3-6x as long on a batch's keys:
-        # within a pass every write ORs the same bit, so keys that share a byte cannot undo each other's.
-        order = np.argsort(bits, kind="stable")
-        bounds = np.searchsorted(bits[order], np.arange(9, dtype=np.uint8)).tolist()
-        flat = self._bitmaps.reshape(-1)
-        for bit in range(8):
-            flat[positions[order[bounds[bit] : bounds[bit + 1]]]] |= np.uint8(1 << bit)
+    def add(self, keys: np.ndarray, id_hashes: np.ndarray) -> None:
+        """Mark ``keys`` ((tables, n) uint64, row t holding table t's keys) and ids (their ``id_hashes``, see
+        ``store.id_hashes``) as present."""
+        keys = np.asarray(keys, dtype=np.uint64)
+        id_slots = self._id_slots(id_hashes)[None, :]
+        for start in range(0, keys.shape[1], _ADD_BLOCK):
+            _set_bits(self._bitmaps, self._slots(keys[:, start : start + _ADD_BLOCK]))
+        for start in range(0, id_slots.shape[1], _ADD_BLOCK):
+            _set_bits(self._id_bitmap, id_slots[:, start : start + _ADD_BLOCK])
 
     def may_contain(self, table: int | np.ndarray, keys: np.ndarray) -> np.ndarray:
         """False where ``keys`` are certainly absent from ``table`` (or from ``table[i]`` each, given an array)."""
-        slots = self._slots(keys)
-        # One gather from the flat bitmaps: cheaper than indexing rows and columns.
-        at = (slots >> np.uint64(3)).astype(np.intp)
-        at += np.asarray(table, dtype=np.intp) * self._bitmaps.shape[1]
-        found = self._bitmaps.reshape(-1)[at]
-        found >>= (slots & np.uint64(7)).astype(np.uint8)
-        return (found & np.uint8(1)).view(bool)
+        return _bits_at(self._bitmaps, table, self._slots(keys))
+
+    def may_hold_ids(self, id_hashes: np.ndarray) -> np.ndarray:
+        """False where the ids of these ``id_hashes`` are certainly not stored."""
+        return _bits_at(self._id_bitmap, 0, self._id_slots(id_hashes))
 
     def save(self, path: Path, token: bytes) -> None:
         """Write the bitmaps and ``token`` to ``path`` (complete or not at all)."""
         partial = path.with_name(path.name + ".partial")
         with partial.open("wb") as out:
-            np.savez(out, token=np.frombuffer(token, dtype=np.uint8), bitmaps=self._bitmaps)
+            np.savez(out, token=np.frombuffer(token, dtype=np.uint8), bitmaps=self._bitmaps, ids=self._id_bitmap)
         os.replace(partial, path)
 
     @classmethod
@@ -144,12 +170,13 @@ class KeyFilter:
             with np.load(path) as saved:
                 if saved["token"].tobytes() != token:
                     return None
-                bitmaps = saved["bitmaps"]
-                # The bitmaps' width is the capacity they were built for.
-                key_filter = cls(key_bits, bitmaps.shape[-1] * 8 // BITS_PER_KEY, covers)
-                if bitmaps.shape != key_filter._bitmaps.shape:
+                bitmaps, id_bitmap = saved["bitmaps"], saved["ids"]
+                # The ids' bitmap (always hashed, so never cut to the keys' width) tells the capacity it was built
+                # for.
+                key_filter = cls(key_bits, id_bitmap.shape[-1] * 8 // BITS_PER_KEY, covers)
+                if bitmaps.shape != key_filter._bitmaps.shape or id_bitmap.shape != key_filter._id_bitmap.shape:
                     return None
-                key_filter._bitmaps = bitmaps
+                key_filter._bitmaps, key_filter._id_bitmap = bitmaps, id_bitmap
                 return key_filter
         except (OSError, ValueError, KeyError):
             return None

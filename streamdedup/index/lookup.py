@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, partial
+from itertools import compress
 from operator import itemgetter
 from typing import Any
 
@@ -17,7 +18,7 @@ from .mirror import fetched_rows
 from .packed_ids import PackedIds
 from .plan import scatter_bits
 from .sorted_rows import expand_ranges
-from .store import NO_TOPIC, U64, Store, seq_bytes
+from .store import NO_TOPIC, U64, Store, id_hashes, seq_bytes
 
 __all__ = ["Candidates", "EntryRecords", "Lookup", "SearchResult"]
 
@@ -278,6 +279,15 @@ class Lookup:
         if self.fmt.words > 1:
             return values
         return scatter_bits(keys, self.fmt.plan.tables[table]) | scatter_bits(values, self.fmt.plan.value_bits(table))
+
+    def stored_ids(self, txn: Any, id_keys: list[bytes]) -> list[tuple[bytes, bytes]]:
+        """(id key, entry key) of those of these id keys that are stored: LMDB is asked only for the ids the key
+        filter does not prove new."""
+        key_filter = self.cached.trusted_key_filter(txn)
+        if key_filter is not None:
+            id_keys = list(compress(id_keys, key_filter.may_hold_ids(id_hashes(id_keys)).tolist()))
+        with txn.cursor(self.store.ids) as cursor:
+            return cursor.getmulti(id_keys)
 
     def _stored(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, list[bytes], np.ndarray]:
         """Of these entry keys (ascending, distinct), those stored, their raw records, and the records' heads."""

@@ -226,6 +226,7 @@ class SegmentIndex:
         self._writes = Writes(
             store,
             cached,
+            self._lookup,
             staging,
             expiry,
             undo,
@@ -316,11 +317,9 @@ class SegmentIndex:
         entry's record, row for row."""
         id_keys = keys_of_ids([x.encode() for x in ids])
         with self._read() as txn:
-            with txn.cursor(self._store.ids) as cursor:
-                found = cursor.getmulti(id_keys)
             # Found ids are rare (a replay, a redelivery): only then is each position looked up.
-            seq_of = dict(found)
-            at = [i for i, key in enumerate(id_keys) if key in seq_of]
+            seq_of = dict(self._lookup.stored_ids(txn, id_keys))
+            at = [i for i, key in enumerate(id_keys) if key in seq_of] if seq_of else []
             wanted = np.frombuffer(b"".join(seq_of[id_keys[i]] for i in at), dtype=U64).astype(np.uint64)
             present, records = self._lookup.records_of(txn, wanted)
         return np.asarray(at, dtype=np.intp)[present], records

@@ -22,6 +22,7 @@ __all__ = [
     "U64",
     "Store",
     "bucket_start",
+    "id_hashes",
     "keys_of_ids",
     "orderable_time",
     "origin_keys",
@@ -30,6 +31,9 @@ __all__ = [
 
 NO_TOPIC = 0xFFFFFFFF
 MAX_ID_KEY_BYTES = 480  # LMDB keys stop at 511 bytes; longer ids are keyed by their BLAKE2b digest.
+# An id key's length and first bytes are what its hash mixes: ids that share them share a key filter bit, no more.
+_ID_HASHED_BYTES = 64
+_MIX = np.uint64(0xFF51AFD7ED558CCD)
 META_NEXT_SEQ = b"next_seq"
 META_COUNT = b"count"
 META_CLOCK = b"clock"
@@ -199,6 +203,24 @@ def keys_of_ids(id_bytes: list[bytes]) -> list[bytes]:
     return [
         b if len(b) <= MAX_ID_KEY_BYTES else b"\xff#" + hashlib.blake2b(b, digest_size=32).digest() for b in id_bytes
     ]
+
+
+def id_hashes(id_keys: list[bytes]) -> np.ndarray:
+    """A 64-bit hash of each id key, over the whole batch at once: the ids padded to one width and mixed eight
+    bytes at a time, each id's words only (so an id hashes alike in any batch)."""
+    n = len(id_keys)
+    lengths = np.fromiter(map(len, id_keys), dtype=np.uint64, count=n)
+    hashes = lengths * np.uint64(0x9E3779B97F4A7C15)
+    if not n:
+        return hashes
+    width = max(8, min(_ID_HASHED_BYTES, -(-int(lengths.max()) // 8) * 8))
+    # A fixed-width bytes array pads with zero bytes and cuts longer ids to the width.
+    words = np.array(id_keys, dtype=f"S{width}").view("<u8").reshape(n, width // 8)
+    for word, column in enumerate(words.T):
+        mixed = (hashes ^ column) * _MIX
+        mixed ^= mixed >> np.uint64(32)
+        hashes = np.where(lengths > np.uint64(8 * word), mixed, hashes)
+    return hashes
 
 
 def origin_keys(head: np.ndarray) -> list[bytes]:

@@ -129,6 +129,7 @@ class Writes:
         self,
         store: Store,
         cached: Cached,
+        lookup: Lookup,
         staging: Staging,
         expiry: Expiry,
         undo: UndoRecords,
@@ -140,6 +141,7 @@ class Writes:
         self.store = store
         self.fmt = store.fmt
         self.cached = cached
+        self.lookup = lookup
         self.staging = staging
         self.expiry = expiry
         self.undo = undo
@@ -168,8 +170,7 @@ class Writes:
                 {},
                 [],
             )
-            with txn.cursor(self.store.ids) as cursor:
-                existing = cursor.getmulti(id_keys)
+            existing = self.lookup.stored_ids(txn, id_keys)
             if existing:
                 self.expiry.remove(
                     txn, np.frombuffer(b"".join(v for _, v in existing), dtype=U64).astype(np.uint64), undo
@@ -225,7 +226,7 @@ class Writes:
         if self.key_capacity is not None:
             # Counted before anything of this batch is staged or merged.
             stored_rows &= self._within_capacity(txn, batch_keys)
-        self.cached.keys_added(txn, batch_keys.keys)
+        self.cached.keys_added(txn, batch_keys.keys, id_keys)
         if not self.fmt.entry_valued:
             folds = batch_keys.folds
             # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.

@@ -14,6 +14,7 @@ from streamdedup.index import IndexStorageError, SegmentIndex
 from streamdedup.index.cached import KEY_FILTER_FILE
 from streamdedup.index.key_filter import BITS_PER_KEY, MIN_CAPACITY, KeyFilter
 from streamdedup.index.plan import make_segment_plan
+from streamdedup.index.store import id_hashes, keys_of_ids
 from tests.index.test_segment import ROOT, _brute, _clustered, _flip, _random
 
 
@@ -22,7 +23,7 @@ def test_added_keys_are_always_present_and_most_absent_keys_are_not() -> None:
     key_filter = KeyFilter([32, 32, 32], capacity=MIN_CAPACITY, covers=0)
     added = rng.integers(0, 2**32, size=(3, MIN_CAPACITY), dtype=np.uint64)
     for part in np.array_split(np.arange(MIN_CAPACITY), 7):
-        key_filter.add(added[:, part])
+        key_filter.add(added[:, part], added[0, part])
     for table in range(3):
         assert key_filter.may_contain(table, added[table]).all()
     absent = rng.integers(0, 2**32, size=200_000, dtype=np.uint64)
@@ -34,9 +35,58 @@ def test_added_keys_are_always_present_and_most_absent_keys_are_not() -> None:
     assert key_filter.may_contain(1, added[0]).mean() < 0.1
 
 
+def test_added_ids_are_always_present_and_most_absent_ids_are_not() -> None:
+    key_filter = KeyFilter([16, 16], capacity=MIN_CAPACITY, covers=0)
+    added = [f"doc-{i}".encode() for i in range(MIN_CAPACITY)]
+    key_filter.add(np.zeros((2, 0), np.uint64), id_hashes(added))
+    assert key_filter.may_hold_ids(id_hashes(added)).all()
+    absent = [f"doc-{i}".encode() for i in range(MIN_CAPACITY, 3 * MIN_CAPACITY)]
+    assert abs(key_filter.may_hold_ids(id_hashes(absent)).mean() - (1 - np.exp(-1 / BITS_PER_KEY))) < 0.01
+    # The tables' bitmaps stay clear: ids and keys do not share bits.
+    assert not key_filter.may_contain(0, np.arange(2**16, dtype=np.uint64)).any()
+
+
+def test_id_hashes_mix_every_byte_hashed_and_the_length() -> None:
+    ids = [b"", b"a", b"a\x00", b"ab", b"ba", b"x" * 63 + b"y", b"x" * 64, b"x" * 65]
+    hashes = id_hashes(ids)
+    assert len(set(hashes.tolist())) == len(ids)
+    # One id hashes alike alone or among others of any width.
+    assert [int(id_hashes([i])[0]) for i in ids] == hashes.tolist()
+    # Beyond the bytes hashed, ids of one length share a hash: a shared filter bit, never a lost id.
+    assert id_hashes([b"x" * 64 + b"z"])[0] == id_hashes([b"x" * 64 + b"w"])[0]
+    assert id_hashes([]).dtype == np.uint64 and len(id_hashes([])) == 0
+
+
+def test_stored_ids_are_found_through_the_filter_whatever_its_history(tmp_path: Path) -> None:
+    plan, stored, ids = _plan_and_data(400, 11)
+    asked = ids + [f"new-{i}" for i in range(400)] + ["d" + "7" * 600]  # one id keyed by its digest
+
+    def found(index: SegmentIndex) -> list[str]:
+        at, _ = index.entries_with_ids(asked)
+        return [asked[i] for i in at]
+
+    with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
+        index.add(ids[:200], stored[:200])
+        assert found(index) == ids[:200]  # the filter is built from the stored entries here
+        key_filter = index._cached.key_filter
+        assert key_filter is not None
+        keys = keys_of_ids([x.encode() for x in asked[400:]])
+        assert key_filter.may_hold_ids(id_hashes(keys)).mean() < 0.1
+        index.add([*ids[200:300], asked[-1]], stored[200:301])
+        assert found(index) == [*ids[:300], asked[-1]]  # and marked as batches add ids
+    with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
+        _refuse_rebuild(index)
+        assert found(index) == [*ids[:300], asked[-1]]  # loaded as saved
+        # A re-added id replaces its entry: found once, through the filter.
+        index.add(["d5"], stored[301:302])
+        assert found(index) == [*ids[:300], asked[-1]]
+        assert index.query(stored[301:302])[0][0] == ("d5", 0)
+        assert ("d5", 0) not in index.query(stored[5:6])[0]
+
+
 def test_narrow_keys_get_a_bit_each_and_no_false_positive() -> None:
     key_filter = KeyFilter([16, 16], capacity=10, covers=0)
-    key_filter.add(np.array([[0, 7, 65535], [1, 2, 3]], dtype=np.uint64))
+    key_filter.add(np.array([[0, 7, 65535], [1, 2, 3]], dtype=np.uint64), np.zeros(0, np.uint64))
     everything = np.arange(2**16, dtype=np.uint64)
     assert np.flatnonzero(key_filter.may_contain(0, everything)).tolist() == [0, 7, 65535]
     assert np.flatnonzero(key_filter.may_contain(1, everything)).tolist() == [1, 2, 3]
@@ -51,7 +101,7 @@ def test_keys_sharing_bytes_in_one_batch_all_get_their_bits() -> None:
     key_filter = KeyFilter([16, 16], capacity=10, covers=0)
     # Dense, with repeats: most bytes take several bits, some the same bit more than once, in one call.
     added = rng.integers(0, 2**10, size=(2, 3_000), dtype=np.uint64)
-    key_filter.add(added)
+    key_filter.add(added, added[0])
     everything = np.arange(2**16, dtype=np.uint64)
     for table in range(2):
         assert np.flatnonzero(key_filter.may_contain(table, everything)).tolist() == np.unique(added[table]).tolist()
@@ -224,6 +274,7 @@ import sys
 import numpy as np
 from streamdedup.index import SegmentIndex
 from streamdedup.index.plan import make_segment_plan
+from streamdedup.index.store import id_hashes, keys_of_ids
 fps = np.frombuffer(bytes.fromhex(sys.argv[2]), dtype=np.uint64).reshape(-1, 2)
 with SegmentIndex(sys.argv[1], 128, 3, plan=make_segment_plan(128, 4, 3)) as index:
     index.add([f"theirs-{i}" for i in range(len(fps))], fps)
@@ -234,7 +285,8 @@ def test_a_doubled_filter_keeps_every_key_and_lets_few_absent_keys_through() -> 
     rng = np.random.default_rng(9)
     key_filter = KeyFilter([32, 32], capacity=MIN_CAPACITY, covers=3)
     added = rng.integers(0, 2**32, size=(2, MIN_CAPACITY), dtype=np.uint64)
-    key_filter.add(added)
+    added_ids = rng.integers(0, 2**63, size=MIN_CAPACITY, dtype=np.uint64)
+    key_filter.add(added, added_ids)
     doubled = key_filter.doubled()
     assert doubled is not None and doubled.covers == 3
     assert doubled.slot_bits == key_filter.slot_bits + 1 and doubled.capacity == 2 * key_filter.capacity
@@ -243,9 +295,10 @@ def test_a_doubled_filter_keeps_every_key_and_lets_few_absent_keys_through() -> 
     new_bits = np.unpackbits(doubled._bitmaps, axis=1, bitorder="little")
     assert np.array_equal(new_bits, np.repeat(old_bits, 2, axis=1))
     more = rng.integers(0, 2**32, size=(2, MIN_CAPACITY), dtype=np.uint64)
-    doubled.add(more)
+    doubled.add(more, more[0])
     for table in range(2):
         assert doubled.may_contain(table, added[table]).all() and doubled.may_contain(table, more[table]).all()
+    assert doubled.may_hold_ids(added_ids).all() and doubled.may_hold_ids(more[0]).all()
     absent = rng.integers(0, 2**32, size=200_000, dtype=np.uint64)
     absent = absent[~np.isin(absent, np.concatenate([added[0], more[0]]))]
     # At capacity after one doubling: the old keys hold two bits each, 3/32 of the bits are set (about 9 % pass).
