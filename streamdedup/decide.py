@@ -390,7 +390,7 @@ class Deduplicator:
         fingerprinted = time.perf_counter()
 
         redeliveries = self._stored_redeliveries(ids, origins, fps, times, sketches)
-        stored, stored_counts = self._stored_matches(ids, origins, fps, times, sketches, indexable, keys)
+        stored, stored_counts, lookup_keys = self._stored_matches(ids, origins, fps, times, sketches, indexable, keys)
         self.last_candidates = stored_counts + np.bincount(pairs.later, minlength=len(docs))
         repeats = self._repeated_ids(ids, fps, sketches, indexable)
         # What a row sees depends on how many rows before it are kept (max_entries), which depends on what those
@@ -428,6 +428,12 @@ class Deduplicator:
 
         looked_up = time.perf_counter()
         keep = np.flatnonzero(indexable & ~duplicate)
+        # The kept rows' keys as the lookup saw them, with the rows each key holds: not read again to store them.
+        kept_keys = (
+            keys.subset(keep)
+            if lookup_keys is None
+            else lookup_keys.subset(np.searchsorted(np.flatnonzero(indexable), keep))
+        )
         parts = None
         if part_offsets is not None:
             kept_ends = np.searchsorted(keep, [end for end, _ in part_offsets]).tolist()
@@ -441,7 +447,7 @@ class Deduplicator:
             .reshape(len(keep), sketches.shape[1] * sketches.itemsize),
             origins=[origins[row] for row in keep],
             source_offsets=source_offsets,
-            keys=keys.subset(keep),
+            keys=kept_keys,
             parts=parts,
         )
         self.last_timings = BatchTimings(
@@ -581,16 +587,20 @@ class Deduplicator:
         sketches: np.ndarray,
         indexable: np.ndarray,
         keys: TableKeys,
-    ) -> tuple[_StoredCandidates, np.ndarray]:
+    ) -> tuple[_StoredCandidates, np.ndarray, TableKeys | None]:
         """Accepted stored candidates, best first per row: nearest, then most overlapping, then earliest stored;
-        and how many stored candidates each row was compared with."""
+        how many stored candidates each row was compared with; and the indexable rows' keys with the rows each
+        holds, when the lookup counted them."""
         rows = np.flatnonzero(indexable)
         none = np.zeros(len(ids), dtype=np.int64)
         if not len(rows) or not len(self.index):
-            return _StoredCandidates.none(), none
-        found = self.index.candidates(fps[rows], keys=keys.subset(rows), max_candidates=self._max_candidates)
+            return _StoredCandidates.none(), none, None
+        lookup_keys = keys.subset(rows)
+        found = self.index.candidates(fps[rows], keys=lookup_keys, max_candidates=self._max_candidates)
+        if found.held is not None:
+            lookup_keys = lookup_keys.with_held(found.held)
         if not len(found):
-            return _StoredCandidates.none(), none
+            return _StoredCandidates.none(), none, lookup_keys
         query = rows[found.rows]
         candidates = np.bincount(query, minlength=len(ids))
         jaccard = self.sketcher.jaccard(sketches[query], found.payloads.view(SKETCH_DTYPE))
@@ -610,7 +620,7 @@ class Deduplicator:
         order = order[~replayed]
         kept_after = self.index.kept_after(entries[order])
         candidates_found = _StoredCandidates(query[order], kept_after, order, records.ids, distances, jaccard)
-        return candidates_found, candidates
+        return candidates_found, candidates, lookup_keys
 
     @staticmethod
     def _kept_later_copy(indexable: np.ndarray, copies: np.ndarray, matches: _Matches) -> bool:

@@ -6,7 +6,7 @@ index process decides the previous batch) and handed to the index with the batch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from .plan import IndexPlan, fold, gather_bits, unpack_bits
 
 __all__ = [
     "LONE_SEGMENT_LIMIT",
+    "HeldRows",
     "TableKeys",
     "first_copies",
     "most_shared",
@@ -31,6 +32,16 @@ a candidate that shares one segment of 20 shares a common phrase."""
 
 
 @dataclass(frozen=True)
+class HeldRows:
+    """How many rows each position's key held in its table (merged and staged) when a lookup read them, and the
+    index's count of batches that added keys then: a write that finds the count unmoved need not read them again
+    (the rows of an entry-valued table only change with batches that add keys)."""
+
+    counts: np.ndarray
+    keyed_writes: int
+
+
+@dataclass(frozen=True)
 class TableKeys:
     """A batch's rows in every table of ``plan``, each table's row sorted by key: ``rows[t, i]`` is the batch
     row at sorted position i of table t, with key ``keys[t, i]`` and stored value ``values[t, i]``.
@@ -42,9 +53,13 @@ class TableKeys:
     values: np.ndarray
     runs: np.ndarray
     folds: np.ndarray
+    held: HeldRows | None = None
 
     def __len__(self) -> int:
         return len(self.folds)
+
+    def with_held(self, held: HeldRows) -> TableKeys:
+        return replace(self, held=held)
 
     @property
     def unkeyed_zero(self) -> bool:
@@ -87,7 +102,10 @@ class TableKeys:
         shape = (len(self.keys), len(rows))
         keys = self.keys.ravel()[kept].reshape(shape)
         values = self.values.ravel()[kept].reshape(shape)
-        return TableKeys(self.plan, mapped[kept].reshape(shape), keys, values, _runs(keys), self.folds[rows])
+        held = self.held
+        if held is not None:
+            held = HeldRows(held.counts.ravel()[kept].reshape(shape), held.keyed_writes)
+        return TableKeys(self.plan, mapped[kept].reshape(shape), keys, values, _runs(keys), self.folds[rows], held)
 
     def pairs(
         self,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from itertools import compress
 from operator import itemgetter
@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 
 from .cached import Cached
-from .keys import TableKeys, most_shared, packed, table_keys
+from .keys import HeldRows, TableKeys, most_shared, packed, table_keys
 from .mirror import fetched_rows
 from .packed_ids import PackedIds
 from .plan import scatter_bits
 from .sorted_rows import expand_ranges
-from .store import NO_TOPIC, U64, Store, id_hashes, seq_bytes
+from .store import META_KEYED_WRITES, NO_TOPIC, U64, Store, id_hashes, seq_bytes
 
 __all__ = ["Candidates", "EntryRecords", "Lookup", "SearchResult"]
 
@@ -46,6 +46,8 @@ class Candidates:
     entries: np.ndarray
     times: np.ndarray
     payloads: np.ndarray
+    held: HeldRows | None = None
+    """The rows each query key holds, position for position in the queries' table keys (entry-valued indexes)."""
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -121,7 +123,7 @@ class Lookup:
         max_candidates: int | None = None,
     ) -> tuple[SearchResult, EntryRecords | None]:
         empty = SearchResult(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
-        found = self._found(txn, fps, keys, max_candidates)
+        found, _ = self._found(txn, fps, keys, max_candidates)
         if found is None:
             return empty, None
         rows_q, seqs, folds = found
@@ -161,9 +163,9 @@ class Lookup:
                 records = self.records(txn, result.entries)
             slot = np.searchsorted(records.entries, result.entries)
             return Candidates(result.rows, result.entries, records.times[slot], records.payloads[slot])
-        found = self._found(txn, fps, keys, max_candidates)
+        found, held = self._found(txn, fps, keys, max_candidates)
         if found is None:
-            return none
+            return replace(none, held=held)
         rows, entries, _ = found
         fetch = partial(self._times_and_payloads, txn)
         mirror = self.cached.read_mirror(txn)
@@ -173,7 +175,7 @@ class Lookup:
         if not present.all():
             # Entries removed since their table rows were written.
             rows, entries, times, payloads = rows[present], entries[present], times[present], payloads[present]
-        return Candidates(rows, entries, times, payloads)
+        return Candidates(rows, entries, times, payloads, held)
 
     def _times_and_payloads(self, txn: Any, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Of these entry keys (ascending, distinct), those stored, with their event times and payloads."""
@@ -182,12 +184,13 @@ class Lookup:
 
     def _found(
         self, txn: Any, fps: np.ndarray, keys: TableKeys | None, max_candidates: int | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray] | None, HeldRows | None]:
         """The (query row, entry key) pairs the tables name, each with what its table row held (the entry key, or
-        on a fold-valued index the entry's 64-bit fold, within the radius); None: none."""
+        on a fold-valued index the entry's 64-bit fold, within the radius), None when none; and the rows each
+        position's key holds."""
         n = len(fps)
         if n == 0:
-            return None
+            return None, None
         radius = self.fmt.plan.radius
         batch_keys = self.table_keys(fps, keys)
         tables = len(self.store.tables)
@@ -220,10 +223,12 @@ class Lookup:
                 if len(staged_probe):
                     found_probes.append(low + staged_probe)
                     found_values.append(staged_values)
+        probe_of = np.concatenate(found_probes) if found_probes else np.zeros(0, np.intp)
+        held = self._held(txn, batch_keys, flat, probe_of)
         # Nothing found (probes can pass the key filter on a removed row's bit, or miss the staged rows).
         if not found_probes:
-            return None
-        probe_of, stored = np.concatenate(found_probes), np.concatenate(found_values)
+            return None, held
+        stored = np.concatenate(found_values)
         found_at = flat[probe_of]
         # Each stored row pairs with every batch row of its key's run (usually one): rows of a key that several
         # batch rows share pair again with each further one (more_at), through their row (source).
@@ -241,7 +246,7 @@ class Lookup:
             near_more = np.flatnonzero(np.bitwise_count(stored[source] ^ values[more_at]) <= radius)
             near_at = np.concatenate([found_at[near], more_at[near_more]])
             if not len(near_at):
-                return None
+                return None, held
             rows = np.concatenate([near, source[near_more]])
             named = self._folds_from_found(near_at // n, probed[probe_of[rows]], stored[rows])
         qi = batch_keys.rows.ravel()[near_at]
@@ -251,7 +256,7 @@ class Lookup:
             best = best[batch_keys.well_shared(qi[best], shared[best])]
             qi, named = qi[best], named[best]
         if self.fmt.entry_valued:
-            return qi, named, named
+            return (qi, named, named), held
         unique_folds, inverse = np.unique(named, return_inverse=True)
         with txn.cursor(self.store.folds) as cursor:
             raw = cursor.getmulti(seq_bytes(unique_folds), dupdata=True, dupfixed_bytes=8, keyfixed=True)
@@ -259,7 +264,16 @@ class Lookup:
         pair, ri = _group_expand(unique_folds, inverse, rows[:, :8].copy().view(U64).ravel().astype(np.uint64))
         rows_q = qi[pair]
         seqs = rows[ri, 8:].copy().view(U64).ravel().astype(np.uint64)
-        return rows_q, seqs, named[pair]
+        return (rows_q, seqs, named[pair]), held
+
+    def _held(self, txn: Any, batch_keys: TableKeys, probed: np.ndarray, probe_of: np.ndarray) -> HeldRows:
+        """The rows each position's key holds, from the rows found for the probed positions (the runs' first
+        positions; a run's key probed or not, as the key filter proves it absent)."""
+        runs = batch_keys.runs.ravel()
+        at_probes = np.zeros(len(runs), dtype=np.int64)
+        at_probes[probed] = np.bincount(probe_of, minlength=len(probed))
+        counts = at_probes[np.flatnonzero(runs)][np.cumsum(runs) - 1]
+        return HeldRows(counts.reshape(batch_keys.keys.shape), self.store.counter(txn, META_KEYED_WRITES))
 
     def _folds_from_found(self, table_of: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
         """``_folds_from_rows`` of rows from several tables (``table_of`` each)."""

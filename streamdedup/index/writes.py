@@ -20,6 +20,7 @@ from .store import (
     META_CLOCK,
     META_CLOCK_WINDOW,
     META_COUNT,
+    META_KEYED_WRITES,
     META_NEXT_MERGE,
     META_NEXT_SEQ,
     NO_TOPIC,
@@ -285,6 +286,22 @@ class Writes:
         counts held are read table by table."""
         tables, n = batch_keys.keys.shape
         starts = np.flatnonzero(batch_keys.runs.ravel())
+        looked_up = batch_keys.held
+        if (
+            self.fmt.entry_valued
+            and looked_up is not None
+            and looked_up.keyed_writes == self.store.counter(txn, META_KEYED_WRITES)
+        ):
+            held = looked_up.counts.ravel()[starts]
+        else:
+            held = self._runs_held(txn, batch_keys, starts)
+        run_lengths = np.diff(np.append(starts, tables * n))
+        room = run_ranks(starts, tables * n) + np.repeat(held, run_lengths) < self.key_capacity
+        return room.reshape(tables, n)
+
+    def _runs_held(self, txn: Any, batch_keys: TableKeys, starts: np.ndarray) -> np.ndarray:
+        """Rows the key of each run (its first flat position in ``starts``) holds, merged and staged."""
+        tables, n = batch_keys.keys.shape
         run_keys = batch_keys.keys.ravel()[starts]
         # Most keys of kept documents were never added (the key filter proves it): they hold no row.
         key_filter = self.cached.trusted_key_filter(txn)
@@ -298,9 +315,7 @@ class Writes:
             if low < high:
                 runs = held_any[low:high]
                 held[runs] = self._rows_held(txn, table, run_keys[runs])
-        run_lengths = np.diff(np.append(starts, tables * n))
-        room = run_ranks(starts, tables * n) + np.repeat(held, run_lengths) < self.key_capacity
-        return room.reshape(tables, n)
+        return held
 
     def _rows_held(self, txn: Any, table: int, unique_keys: np.ndarray) -> np.ndarray:
         """Rows each of these keys (ascending, distinct) holds in ``table``, merged and staged."""

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamdedup.index import SegmentIndex, make_plan, table_keys
-from streamdedup.index.keys import LONE_SEGMENT_LIMIT, most_shared, packed
+from streamdedup.index.keys import LONE_SEGMENT_LIMIT, HeldRows, most_shared, packed
 from streamdedup.index.plan import IndexPlan, make_segment_plan
 from tests.index.test_segment import _clustered
 
@@ -52,6 +52,10 @@ def test_a_subset_of_the_keys_equals_keying_the_subset(name: str) -> None:
     assert np.array_equal(np.sort(whole.rows, axis=1), np.tile(np.arange(len(rows)), (len(plan.tables), 1)))
     everything = table_keys(plan, fps)
     assert everything.subset(np.arange(len(fps))) is everything
+    # Counts held per position (here: a function of the key) follow their positions into the subset.
+    counted = everything.with_held(HeldRows((everything.keys % np.uint64(7)).astype(np.int64), 5)).subset(rows)
+    assert counted.held is not None and counted.held.keyed_writes == 5
+    assert np.array_equal(counted.held.counts, (counted.keys % np.uint64(7)).astype(np.int64))
 
 
 @pytest.mark.parametrize("name", ["exact-64", "segments-512"])

@@ -27,6 +27,7 @@ from streamdedup.index import (
     table_keys,
 )
 from streamdedup.index.format import FORMAT_VERSION
+from streamdedup.index.keys import HeldRows, TableKeys
 from streamdedup.index.plan import make_segment_plan
 from streamdedup.index.writes import CLOCK_WINDOW
 from tests.index import crash_writer
@@ -1024,16 +1025,18 @@ def _hot_stream(rng: np.random.Generator, n: int, segments: int, size: int) -> n
 
 @pytest.mark.parametrize("mirror_bytes", [256 << 20, 0])
 @pytest.mark.parametrize(("bits", "segments"), [(256, 8), (1024, 32)])
+@pytest.mark.parametrize("counted_by", ["the write", "the lookup before it", "a lookup before the last write"])
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), capacity=st.integers(1, 6), limit=st.integers(1, 12))
 def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifies_the_most_shared(
-    mirror_bytes: int, bits: int, segments: int, seed: int, capacity: int, limit: int
+    mirror_bytes: int, bits: int, segments: int, counted_by: str, seed: int, capacity: int, limit: int
 ) -> None:
     # Brute force over the stream: an entry is posted under a key while fewer than `capacity` earlier entries
     # are; a query's candidates are the posted entries sharing a key with it, those sharing the most tables
     # first, the newest among equals, at most `limit`; for a query keyed in LONE_SEGMENT_LIMIT tables or more,
-    # only those sharing two tables or more.
-    from streamdedup.index.keys import LONE_SEGMENT_LIMIT
+    # only those sharing two tables or more. A batch's keys may come with the rows each holds, as a lookup
+    # counted them just before (a decision's way) or before another batch was stored (then counted again).
+    from streamdedup.index.keys import LONE_SEGMENT_LIMIT, table_keys
     from streamdedup.index.plan import make_segment_plan
 
     rng = np.random.default_rng(seed)
@@ -1051,8 +1054,16 @@ def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifi
         index = SegmentIndex(tmp, bits, bits, plan=plan, mirror_bytes=mirror_bytes, key_capacity=capacity)
         with index:
             start = 0
-            for batch in batches:
-                index.add([f"e{i}" for i in range(start, start + len(batch))], batch)
+            counted_early: HeldRows | None = None
+            for k, batch in enumerate(batches):
+                keys = table_keys(plan, batch)
+                if counted_by == "the lookup before it":
+                    keys = keys.with_held(_held(index, keys, batch))
+                elif counted_by == "a lookup before the last write":
+                    keys = keys.with_held(counted_early or _held(index, keys, batch))
+                    if k + 1 < len(batches):
+                        counted_early = _held(index, table_keys(plan, batches[k + 1]), batches[k + 1])
+                index.add([f"e{i}" for i in range(start, start + len(batch))], batch, keys=keys)
                 start += len(batch)
             # Every table holds exactly the posted rows.
             _, rows = _entry_rows(index, segments)
@@ -1070,6 +1081,12 @@ def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifi
                 expected = [entry for entry in expected if shared[row, entry] >= 2]
             assert sorted(found.entries[found.rows == row].tolist()) == sorted(expected)
         assert np.bincount(found.rows, minlength=len(queries)).max() <= limit
+
+
+def _held(index: SegmentIndex, keys: TableKeys, fps: np.ndarray) -> HeldRows:
+    held = index.candidates(fps, keys=keys).held
+    assert held is not None
+    return held
 
 
 # ------------------------------------------------------------------ a rollback leaves no trace
