@@ -70,7 +70,7 @@ from .lookup import Candidates, EntryRecords, Lookup, SearchResult
 from .mirror import RecordCache
 from .plan import IndexPlan, PlanError
 from .staging import Staging
-from .store import META_COUNT, U64, Store, bucket_start, keys_of_ids, open_db
+from .store import META_COUNT, U64, IndexStorageError, Store, bucket_start, keys_of_ids, open_db
 from .undo import UndoRecords
 from .writes import Batch, Writes
 
@@ -85,10 +85,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-
-
-class IndexStorageError(RuntimeError):
-    """A batch could not be stored (disk full, map at its limit); nothing committed before it is lost."""
 
 
 STORAGE_ERRORS: tuple[type[Exception], ...] = (IndexStorageError, lmdb.Error)

@@ -20,6 +20,7 @@ __all__ = [
     "MAX_ID_KEY_BYTES",
     "NO_TOPIC",
     "U64",
+    "IndexStorageError",
     "Store",
     "bucket_start",
     "id_hashes",
@@ -187,6 +188,10 @@ def open_db(env: Any, name: str, *, readonly: bool, **flags: Any) -> Any:
         return env.open_db(name.encode(), create=not readonly, **flags)
     except lmdb.NotFoundError:
         return None
+
+
+class IndexStorageError(RuntimeError):
+    """A batch could not be stored (disk full, map at its limit); nothing committed before it is lost."""
 
 
 # ----------------------------------------------------------------- key encodings

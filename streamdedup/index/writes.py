@@ -25,6 +25,7 @@ from .store import (
     META_NEXT_SEQ,
     NO_TOPIC,
     U64,
+    IndexStorageError,
     Store,
     keys_of_ids,
     origin_keys,
@@ -194,6 +195,11 @@ class Writes:
         fps, times, origins = batch.fps, batch.times, batch.origins
         n = len(fps)
         first_seq = self.store.counter(txn, META_NEXT_SEQ)
+        if self.fmt.entry_valued and first_seq + n > 1 << (8 * self.fmt.entry_key_bytes):
+            raise IndexStorageError(
+                f"the index has given out all {1 << (8 * self.fmt.entry_key_bytes)} entry keys its tables can name; "
+                "export it and import it into a new index"
+            )
         seqs = np.arange(first_seq, first_seq + n, dtype=np.uint64)
         seq_keys = seq_bytes(seqs)
         head = np.zeros(n, dtype=self.fmt.record)

@@ -26,7 +26,7 @@ from streamdedup.index import (
     make_plan,
     table_keys,
 )
-from streamdedup.index.format import FORMAT_VERSION
+from streamdedup.index.format import ENTRY_KEY_BYTES, FORMAT_VERSION
 from streamdedup.index.keys import HeldRows, TableKeys
 from streamdedup.index.plan import make_segment_plan
 from streamdedup.index.writes import CLOCK_WINDOW
@@ -658,14 +658,16 @@ def test_a_lookup_reaching_lmdb_that_matches_no_merged_and_no_staged_row_finds_n
 
 
 @pytest.mark.parametrize(
-    ("table_values", "table_layout"), [("entries", "rows"), ("folds", "rows"), ("folds", "buckets")]
+    ("table_values", "table_layout", "entry_key_bytes"),
+    [("entries", "rows", 6), ("entries", "rows", None), ("folds", "rows", 6), ("folds", "buckets", 6)],
 )
 def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_removals(
-    tmp_path: Path, table_values: str, table_layout: str
+    tmp_path: Path, table_values: str, table_layout: str, entry_key_bytes: int | None
 ) -> None:
-    # A new wide index without a radius keys its tables to entries; one written by format 2 holds folds
-    # (shared by entries with equal fingerprints) in dupsort rows and must go on working; folds packed in
-    # buckets are what a fold-valued index is given from format 4 on, here through the same adds and removals.
+    # A new wide index without a radius keys its tables to entries (6 bytes each; formats up to 5 wrote 8); one
+    # written by format 2 holds folds (shared by entries with equal fingerprints) in dupsort rows and must go on
+    # working; folds packed in buckets are what a fold-valued index is given from format 4 on, here through the
+    # same adds and removals.
     from streamdedup.index.plan import make_segment_plan
 
     rng = np.random.default_rng(12)
@@ -683,7 +685,13 @@ def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_re
     path = tmp_path / "seg"
     with SegmentIndex(tmp_path / "reference", bits, bits, plan=make_segment_plan(bits, segments)) as reference:
         assert (reference.stats()["table_values"], reference.stats()["table_layout"]) == ("entries", "rows")
-    _index_as_written_by(path, tmp_path / "reference", table_values=table_values, table_layout=table_layout)
+    _index_as_written_by(
+        path,
+        tmp_path / "reference",
+        table_values=table_values,
+        table_layout=table_layout,
+        entry_key_bytes=entry_key_bytes,
+    )
 
     def expected(alive: np.ndarray) -> list[list[str]]:
         shares = ((seg[:, None, :] == seg[None, alive, :]) & (seg[None, alive, :] != 0)).any(axis=2)
@@ -707,7 +715,8 @@ def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_re
     else:
         folds = np.bitwise_xor.reduce(stored, axis=1)
         wanted_rows = len({(t, int(seg[i, t]), int(folds[i])) for i in alive for t in range(segments) if seg[i, t]})
-    assert _table_rows(path, segments, key_bytes=2, value_bytes=8) == wanted_rows
+    value_bytes = (entry_key_bytes or 8) if table_values == "entries" else 8
+    assert _table_rows(path, segments, key_bytes=2, value_bytes=value_bytes) == wanted_rows
 
 
 # Swept from the writer's copy of the table in memory, or from LMDB without one.
@@ -783,8 +792,10 @@ def _entry_rows(index: SegmentIndex, tables: int) -> tuple[np.ndarray, list[np.n
     env = index.env
     with env.begin() as txn:
         live = np.frombuffer(b"".join(txn.cursor(env.open_db(b"entries", txn=txn)).iternext(values=False)), ">u8")
-    rows = _stored_rows(env, tables, key_bytes=4, value_bytes=8)
-    return live.astype(np.uint64), [np.frombuffer(b"".join(v for _, v in r), ">u8").astype(np.uint64) for r in rows]
+    rows = _stored_rows(env, tables, key_bytes=4, value_bytes=ENTRY_KEY_BYTES)
+    return live.astype(np.uint64), [
+        np.frombuffer(b"".join(bytes(8 - ENTRY_KEY_BYTES) + v for _, v in r), ">u8").astype(np.uint64) for r in rows
+    ]
 
 
 def _table_rows(path: Path, tables: int, key_bytes: int, value_bytes: int) -> int:
@@ -1242,3 +1253,20 @@ def test_a_rollback_past_what_it_can_undo_removes_the_entries_alone(tmp_path: Pa
         # Never kept after all, the five count for no earlier entry: d20 has four kept documents after it.
         d20 = _search_records(index, fps[20:21])[0].entries[:1]
         assert index.kept_after(d20).tolist() == [4]
+
+
+def test_entry_keys_fit_the_tables_or_the_batch_is_refused(tmp_path: Path) -> None:
+    from streamdedup.index.store import META_NEXT_SEQ
+
+    fps = _random(4, 16, np.random.default_rng(14))
+    with SegmentIndex(tmp_path, 1024, 1024, plan=make_segment_plan(1024, 32)) as index:
+        index.add(["a"], fps[:1])
+        last = (1 << (8 * ENTRY_KEY_BYTES)) - 1
+        with index.env.begin(write=True) as txn:
+            index._store.put_counter(txn, META_NEXT_SEQ, last)
+        with pytest.raises(IndexStorageError, match="entry keys"):
+            index.add(["b", "c"], fps[1:3])
+        assert len(index) == 1
+        index.add(["d"], fps[3:4])  # the last entry key a table row can name
+        assert [hits[0][0] for hits in index.query(fps[[0, 3]])] == ["a", "d"]
+        assert index.query(fps[1:3]) == [[], []]
