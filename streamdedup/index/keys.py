@@ -148,7 +148,9 @@ class TableKeys:
         pairs, shared = np.unique(packed, return_counts=True)
         earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
         if max_candidates is not None:
-            chosen = np.isin(pairs, packed[rank[first] == 0])
+            # The pairs through the first row of a key's run, found among the sorted distinct pairs.
+            chosen = np.zeros(len(pairs), dtype=bool)
+            chosen[np.searchsorted(pairs, packed[rank[first] == 0])] = True
             chosen[most_shared(later, earlier, shared, max_candidates)] = True
             chosen &= self.well_shared(later, shared)
             earlier, later = earlier[chosen], later[chosen]
