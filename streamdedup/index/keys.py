@@ -143,10 +143,11 @@ class TableKeys:
         first = np.repeat(positions, later_count)
         step = np.arange(total) - np.repeat(np.cumsum(later_count) - later_count, later_count) + 1
         a, b = rows[first], rows[first + step]
-        # A pair found through several tables counts once: (earlier, later) packed in one word, one sort.
-        packed = np.minimum(a, b).astype(np.uint64) * np.uint64(n) + np.maximum(a, b).astype(np.uint64)
+        # A pair found through several tables counts once: (later, earlier) packed in one word, one sort, which
+        # also groups each later row's candidates for the ranking.
+        packed = np.maximum(a, b).astype(np.uint64) * np.uint64(n) + np.minimum(a, b).astype(np.uint64)
         pairs, shared = np.unique(packed, return_counts=True)
-        earlier, later = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
+        later, earlier = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
         if max_candidates is not None:
             # The pairs through the first row of a key's run, found among the sorted distinct pairs.
             chosen = np.zeros(len(pairs), dtype=bool)
@@ -154,6 +155,8 @@ class TableKeys:
             chosen[most_shared(later, earlier, shared, max_candidates)] = True
             chosen &= self.well_shared(later, shared)
             earlier, later = earlier[chosen], later[chosen]
+        order = np.argsort(earlier * n + later)
+        earlier, later = earlier[order], later[order]
         distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
         near = distances <= self.plan.radius
         return earlier[near], later[near], distances[near]
@@ -169,6 +172,8 @@ def most_shared(rows: np.ndarray, named: np.ndarray, shared: np.ndarray, limit: 
     over = np.bincount(rows)[rows] > limit
     if not over.any():
         return np.arange(len(rows))
+    if len(rows) > 1 and ((rows[1:] > rows[:-1]) | ((rows[1:] == rows[:-1]) & (named[1:] > named[:-1]))).all():
+        return _most_shared_grouped(rows, shared, limit, over)
     ranked = np.flatnonzero(over)
     rows, shared, named = rows[ranked], shared[ranked], named[ranked].astype(np.uint64)
     word = packed([rows, shared.max() - shared, named.max() - named])
@@ -177,6 +182,29 @@ def most_shared(rows: np.ndarray, named: np.ndarray, shared: np.ndarray, limit: 
     starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
     over[ranked[order[run_ranks(starts, len(order)) < limit]]] = False
     return np.flatnonzero(~over)
+
+
+def _most_shared_grouped(rows: np.ndarray, shared: np.ndarray, limit: int, over: np.ndarray) -> np.ndarray:
+    """:func:`most_shared` of candidates sorted by (row, name) (as a lookup's distinct pairs come), without a
+    sort: a histogram of each row's shared counts gives the count its ``limit``-th candidate shares; those sharing
+    more stay, and of those sharing exactly as many, the last ones (the highest names) fill the row's quota."""
+    levels = int(shared.max()) + 1
+    histogram = np.bincount(rows * levels + shared, minlength=(int(rows.max()) + 1) * levels).reshape(-1, levels)
+    # at_least[r, s]: the row's candidates sharing s tables or more.
+    at_least = np.cumsum(histogram[:, ::-1], axis=1)[:, ::-1]
+    threshold = (at_least >= limit).sum(axis=1) - 1
+    above = np.take_along_axis(at_least, np.minimum(threshold + 1, levels - 1)[:, None], axis=1).ravel()
+    above[threshold + 1 >= levels] = 0
+    row_threshold = threshold[rows]
+    keep = ~over | (shared > row_threshold)
+    ties = np.flatnonzero(over & (shared == row_threshold))
+    if len(ties):
+        tie_rows = rows[ties]
+        starts = np.flatnonzero(np.concatenate(([True], tie_rows[1:] != tie_rows[:-1])))
+        sizes = np.diff(np.append(starts, len(ties)))
+        from_end = np.repeat(starts + sizes, sizes) - np.arange(len(ties)) - 1
+        keep[ties[from_end < limit - above[tie_rows]]] = True
+    return np.flatnonzero(keep)
 
 
 def packed(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]] | None:
