@@ -189,7 +189,7 @@ class Cached:
             # A table nothing was merged into yet is copied now (empty): its lookups then skip LMDB.
             for table in range(len(self.store.tables)):
                 stored_table = self.store.entry_table(table)
-                if not txn.stat(stored_table.db)["entries"]:
+                if not stored_table.row_count(txn):
                     current = current.with_table(table, SortedRows(*stored_table.rows(txn), stored_table.key_bits))
         if state.writing:
             state.mirror = current
@@ -210,7 +210,7 @@ class Cached:
         current = mirror.tables[table]
         if current is not None:
             rows = current.merged(keys, values)
-        elif mirror.fits(txn.stat(stored_table.db)["entries"]):
+        elif mirror.fits(stored_table.row_count(txn)):
             rows = SortedRows(*stored_table.rows(txn), stored_table.key_bits)
         else:
             return

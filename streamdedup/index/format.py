@@ -2,10 +2,10 @@
 caller's settings are compatible with an index that exists.
 
 Format 1 had no staged rows; format 2 stored folds in every plan's tables; formats 1-3 kept every table as dupsort
-rows; format 4 had no undo records; formats 1-5 stored entry keys in tables as 8 bytes. All read as format 6 (with
-none staged, with fold values, with the rows layout, with nothing to undo, with 8-byte entry keys) and are marked 6
-when opened to write: older code must not misread new indexes, nor write batches that the undo records would then
-not account for.
+rows; format 4 had no undo records; formats 1-5 stored entry keys in tables as 8 bytes, in the rows layout. All
+read as format 6 (with none staged, with fold values, with the rows layout, with nothing to undo, with 8-byte entry
+keys) and are marked 6 when opened to write: older code must not misread new indexes, nor write batches that the
+undo records would then not account for. A new entry-valued index keeps its tables as sorted runs (``table``).
 """
 
 from __future__ import annotations
@@ -85,8 +85,7 @@ class IndexFormat:
                 "payload_bytes": int(payload_bytes or 0),
                 "time_bucket": float(time_bucket),
                 "table_values": ENTRY_VALUES if entry_valued else FOLD_VALUES,
-                # Entry-valued keys hold about one row each, which dupsort stores as a plain node.
-                "table_layout": "rows" if entry_valued else "buckets",
+                "table_layout": "runs" if entry_valued else "buckets",
                 "entry_key_bytes": ENTRY_KEY_BYTES,
                 "signing": signing,
             }

@@ -14,7 +14,7 @@ import numpy as np
 from .. import names
 from .format import IndexFormat
 from .table import BIG_ENDIAN_U64 as U64
-from .table import DuplicateRows, PackedBuckets, table_class
+from .table import DuplicateRows, PackedBuckets, SortedRuns, table_class
 
 __all__ = [
     "MAX_ID_KEY_BYTES",
@@ -57,7 +57,7 @@ class Store:
         self.readonly = readonly
         self.meta = self._db(names.INDEX_DB_META)
         layout = table_class(fmt.table_layout)
-        self.tables: list[DuplicateRows | PackedBuckets] = [
+        self.tables: list[DuplicateRows | PackedBuckets | SortedRuns] = [
             layout(self._db(f"{names.INDEX_DB_TABLE_PREFIX}{t}", **layout.flags), len(key), key_bytes, value_bytes)
             for t, (key, key_bytes, value_bytes) in enumerate(
                 zip(fmt.plan.tables, fmt.key_bytes, fmt.value_bytes, strict=True)
@@ -73,11 +73,11 @@ class Store:
         self.topics = self._db(names.INDEX_DB_TOPICS)
         self.undo = self._db(names.INDEX_DB_UNDO)
 
-    def entry_table(self, table: int) -> DuplicateRows:
-        """A table of an entry-valued index, which is always in the ``rows`` layout (``format.py``)."""
+    def entry_table(self, table: int) -> DuplicateRows | SortedRuns:
+        """A table of an entry-valued index, which is in the ``runs`` layout (``rows`` before format 6)."""
         stored = self.tables[table]
-        if not isinstance(stored, DuplicateRows):
-            raise TypeError(f"table {table} of an entry-valued index is not in the rows layout")
+        if isinstance(stored, PackedBuckets):
+            raise TypeError(f"table {table} of an entry-valued index is in the buckets layout")
         return stored
 
     def _db(self, name: str, **flags: Any) -> Any:

@@ -659,15 +659,15 @@ def test_a_lookup_reaching_lmdb_that_matches_no_merged_and_no_staged_row_finds_n
 
 @pytest.mark.parametrize(
     ("table_values", "table_layout", "entry_key_bytes"),
-    [("entries", "rows", 6), ("entries", "rows", None), ("folds", "rows", 6), ("folds", "buckets", 6)],
+    [("entries", "runs", 6), ("entries", "rows", None), ("folds", "rows", 6), ("folds", "buckets", 6)],
 )
 def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_removals(
     tmp_path: Path, table_values: str, table_layout: str, entry_key_bytes: int | None
 ) -> None:
-    # A new wide index without a radius keys its tables to entries (6 bytes each; formats up to 5 wrote 8); one
-    # written by format 2 holds folds (shared by entries with equal fingerprints) in dupsort rows and must go on
-    # working; folds packed in buckets are what a fold-valued index is given from format 4 on, here through the
-    # same adds and removals.
+    # A new wide index without a radius keys its tables to entries (6 bytes each, in sorted runs; formats up to 5
+    # wrote 8 in dupsort rows); one written by format 2 holds folds (shared by entries with equal fingerprints) in
+    # dupsort rows and must go on working; folds packed in buckets are what a fold-valued index is given from
+    # format 4 on, here through the same adds and removals.
     from streamdedup.index.plan import make_segment_plan
 
     rng = np.random.default_rng(12)
@@ -684,7 +684,7 @@ def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_re
     ids = [f"e{i}" for i in range(len(stored))]
     path = tmp_path / "seg"
     with SegmentIndex(tmp_path / "reference", bits, bits, plan=make_segment_plan(bits, segments)) as reference:
-        assert (reference.stats()["table_values"], reference.stats()["table_layout"]) == ("entries", "rows")
+        assert (reference.stats()["table_values"], reference.stats()["table_layout"]) == ("entries", "runs")
     _index_as_written_by(
         path,
         tmp_path / "reference",
@@ -792,14 +792,28 @@ def _entry_rows(index: SegmentIndex, tables: int) -> tuple[np.ndarray, list[np.n
     env = index.env
     with env.begin() as txn:
         live = np.frombuffer(b"".join(txn.cursor(env.open_db(b"entries", txn=txn)).iternext(values=False)), ">u8")
-    rows = _stored_rows(env, tables, key_bytes=4, value_bytes=ENTRY_KEY_BYTES)
-    return live.astype(np.uint64), [
-        np.frombuffer(b"".join(bytes(8 - ENTRY_KEY_BYTES) + v for _, v in r), ">u8").astype(np.uint64) for r in rows
+    rows = _runs_rows(index)
+    assert len(rows) == tables
+    return live.astype(np.uint64), [values for _, values in rows]
+
+
+def _runs_rows(index: SegmentIndex) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per table of an index in the runs layout, its rows' keys and values, merged and still staged (through the
+    tables' own reading: a run's chunks, directory and bitmap are not parsed here)."""
+    with index.env.begin() as txn:
+        staged = index._cached.staged(txn)
+        merged = [table.rows(txn) for table in index._store.tables]  # type: ignore[union-attr]
+    return [
+        (np.concatenate([keys, staged[t].keys.astype(np.uint64)]), np.concatenate([values, staged[t].values]))
+        for t, (keys, values) in enumerate(merged)
     ]
 
 
 def _table_rows(path: Path, tables: int, key_bytes: int, value_bytes: int) -> int:
     """Distinct (table, key, value) rows, merged or still staged."""
+    with SegmentIndex(path, None, None, payload_bytes=None, readonly=True) as index:
+        if index.fmt.table_layout == "runs":
+            return sum(len(set(zip(keys.tolist(), values.tolist(), strict=True))) for keys, values in _runs_rows(index))
     env = lmdb.open(str(path), max_dbs=64, subdir=True, readonly=True)
     try:
         rows = _stored_rows(env, tables, key_bytes, value_bytes)

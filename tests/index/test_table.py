@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamdedup.index.table import DuplicateRows, PackedBuckets, bytes_int, int_bytes, rows_in
+from streamdedup.index.table import DuplicateRows, PackedBuckets, SortedRuns, bytes_int, int_bytes, rows_in
 
 _rows = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2**64 - 1) | st.integers(0, 3)), max_size=40)
 
@@ -39,9 +39,9 @@ def test_integers_round_trip_through_big_endian_bytes(width: int) -> None:
     assert bytes_int(np.frombuffer(b"".join(encoded), np.uint8).reshape(-1, width)).tolist() == ints.tolist()
 
 
-@pytest.mark.parametrize("layout", [DuplicateRows, PackedBuckets])
+@pytest.mark.parametrize("layout", [DuplicateRows, PackedBuckets, SortedRuns])
 def test_a_table_reads_what_was_inserted_and_not_what_was_deleted(
-    tmp_path: Path, layout: type[DuplicateRows] | type[PackedBuckets]
+    tmp_path: Path, layout: type[DuplicateRows] | type[PackedBuckets] | type[SortedRuns]
 ) -> None:
     # A brute-force multiset of rows as the oracle, through batches of inserts (with repeated rows) and deletes.
     rng = np.random.default_rng(3)
@@ -66,18 +66,18 @@ def test_a_table_reads_what_was_inserted_and_not_what_was_deleted(
         with env.begin() as txn:
             owners, found_values = table.read(txn, probe)
         found_keys = probe[owners]
-        # Buckets come whole and in key order; dupsort stores a repeated row once, buckets every copy.
+        # Buckets come whole and in key order; dupsort stores a repeated row once, buckets and runs every copy.
         assert found_keys.tolist() == sorted(found_keys.tolist())
         found = Counter(zip(found_keys.tolist(), found_values.tolist(), strict=True))
         assert set(found) == set(stored)
-        if layout is PackedBuckets:
+        if layout is not DuplicateRows:
             assert found == stored
         # Only stored keys: every probe has rows.
         present = np.unique(np.array([key for key, _ in stored], dtype=np.uint64))
         with env.begin() as txn:
             owners, found_values = table.read(txn, present)
         found = Counter(zip(present[owners].tolist(), found_values.tolist(), strict=True))
-        assert found == stored if layout is PackedBuckets else set(found) == set(stored)
+        assert found == stored if layout is not DuplicateRows else set(found) == set(stored)
     env.close()
 
 
@@ -122,4 +122,87 @@ def test_rows_read_back_every_row_in_order_and_replace_stores_exactly_the_rows_g
     # Append mode drops a key's value that comes after a greater one without an error: replace refuses it.
     with env.begin(write=True) as txn, pytest.raises(ValueError, match="1 of 3 rows"):
         table.replace(txn, np.array([5, 7, 7], dtype=np.uint64), np.array([1, 9, 8], dtype=np.uint64))
+    env.close()
+
+
+def test_runs_merge_in_binary_tiers_and_read_back_every_row_in_key_order(tmp_path: Path) -> None:
+    # A brute-force list of rows as the oracle, through many small merges (as a table's turns bring them), a
+    # replace, and reads of present, absent and hot keys.
+    rng = np.random.default_rng(21)
+    env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 28)
+    table = SortedRuns(env.open_db(b"t"), 32, 4, 6)
+    hot = rng.integers(0, 2**32, 5).astype(np.uint64)
+    stored_keys, stored_values = np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    next_value = 0
+    for _ in range(40):
+        size = int(rng.integers(1, 400))
+        keys = np.where(rng.random(size) < 0.2, rng.choice(hot, size), rng.integers(0, 2**32, size)).astype(np.uint64)
+        keys = np.sort(keys)
+        values = np.arange(next_value, next_value + size, dtype=np.uint64)
+        next_value += size
+        with env.begin(write=True) as txn:
+            table.insert(txn, keys, values)
+        stored_keys, stored_values = np.concatenate([stored_keys, keys]), np.concatenate([stored_values, values])
+        order = np.argsort(stored_keys, kind="stable")
+        with env.begin() as txn:
+            runs = table._catalog(txn)[1]
+            # Binary tiers: each run holds more than twice the rows of the next, so there are about log2 of them.
+            assert (runs["rows"][:-1] > 2 * runs["rows"][1:]).all()
+            assert table.row_count(txn) == len(stored_keys)
+            keys_read, values_read = table.rows(txn)
+            assert keys_read.tolist() == stored_keys[order].tolist()
+            assert values_read.tolist() == stored_values[order].tolist()  # within a key, oldest first
+            probes = np.unique(np.concatenate([hot, stored_keys[::7], rng.integers(0, 2**32, 50).astype(np.uint64)]))
+            owners, values_found = table.read(txn, probes)
+        expected = [(key, value) for key, value in zip(stored_keys.tolist(), stored_values.tolist(), strict=True)]
+        found = list(zip(probes[owners].tolist(), values_found.tolist(), strict=True))
+        assert sorted(found) == sorted(pair for pair in expected if pair[0] in set(probes.tolist()))
+        assert owners.tolist() == sorted(owners.tolist())
+    # A replace leaves one run of exactly the rows given; the next merge starts new runs after it.
+    kept = np.flatnonzero(rng.random(len(stored_keys)) < 0.5)
+    order = np.argsort(stored_keys[kept], kind="stable")
+    with env.begin(write=True) as txn:
+        table.replace(txn, stored_keys[kept][order], stored_values[kept][order])
+        table.insert(txn, np.array([7], dtype=np.uint64), np.array([next_value], dtype=np.uint64))
+    with env.begin() as txn:
+        assert len(table._catalog(txn)[1]) == 2
+        keys_read, _ = table.rows(txn)
+        assert keys_read.tolist() == sorted([*stored_keys[kept].tolist(), 7])
+    env.close()
+
+
+def test_runs_take_about_eleven_bytes_a_row(tmp_path: Path) -> None:
+    # What the runs layout is for: a table of 4-byte keys and 6-byte entry keys, merged batch after batch.
+    rng = np.random.default_rng(22)
+    env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 30)
+    table = SortedRuns(env.open_db(b"t"), 32, 4, 6)
+    for merge in range(20):
+        keys = np.sort(rng.integers(0, 2**32, 20_000).astype(np.uint64))
+        with env.begin(write=True) as txn:
+            table.insert(txn, keys, np.arange(merge * 20_000, (merge + 1) * 20_000, dtype=np.uint64))
+    with env.begin() as txn:
+        stat = txn.stat(table.db)
+        rows = table.row_count(txn)
+    used = (stat["leaf_pages"] + stat["branch_pages"] + stat["overflow_pages"]) * stat["psize"]
+    assert rows == 400_000 and used / rows < 12.0
+    env.close()
+
+
+def test_a_run_written_by_an_aborted_transaction_is_not_taken_for_the_one_written_after_it(tmp_path: Path) -> None:
+    # Two writers (two processes' table objects, each with its own copies of what it read): the first writes a
+    # run and aborts, the second writes its own run under the same number and commits; the first reads the second's.
+    env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 26)
+    first, second = (SortedRuns(env.open_db(b"t"), 32, 4, 6) for _ in range(2))
+    keys = np.arange(100, 1100, 10, dtype=np.uint64)
+    with env.begin(write=True) as txn:
+        first.insert(txn, keys, np.arange(len(keys), dtype=np.uint64))
+    txn = env.begin(write=True)
+    first.insert(txn, np.array([5, 6], dtype=np.uint64), np.array([900, 901], dtype=np.uint64))
+    txn.abort()
+    with env.begin(write=True) as txn:
+        second.insert(txn, np.array([7, 8], dtype=np.uint64), np.array([700, 701], dtype=np.uint64))
+    with env.begin() as txn:
+        owners, values = first.read(txn, np.array([5, 6, 7, 8, 100], dtype=np.uint64))
+        assert (owners.tolist(), values.tolist()) == ([2, 3, 4], [700, 701, 0])
+        assert first.rows(txn)[0].tolist() == [7, 8, *keys.tolist()]
     env.close()
