@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SortedRows", "expand_ranges", "key_dtype"]
+__all__ = ["SortedRows", "expand_ranges", "key_dtype", "merged_rows"]
 
 # Keys this short get a directory of every key (2**bits + 1 starts): a probe's rows are its key's bucket. Longer
 # keys get one of their top bits, about one row a bucket, and a probe is settled within its bucket.
@@ -30,6 +30,23 @@ def key_dtype(key_bits: int) -> np.dtype:
     """What keys of ``key_bits`` bits are held as: 32-bit words where they fit (half the memory, and half the
     cache lines a search touches), else 64-bit."""
     return np.dtype(np.uint32 if key_bits <= 32 else np.uint64)
+
+
+def merged_rows(
+    keys: np.ndarray, values: np.ndarray, later_keys: np.ndarray, later_values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Two key-sorted row sets as one (of the first's types), each key's rows of ``later_keys`` after those of
+    ``keys``: one search and two scatters. Not ``np.insert``, which sorts the positions again and builds its mask
+    once per array."""
+    later_keys = later_keys.astype(keys.dtype, copy=False)
+    slots = np.searchsorted(keys, later_keys, side="right") + np.arange(len(later_keys))
+    earlier = np.ones(len(keys) + len(later_keys), dtype=bool)
+    earlier[slots] = False
+    merged_keys = np.empty(len(earlier), keys.dtype)
+    merged_values = np.empty(len(earlier), values.dtype)
+    merged_keys[slots], merged_values[slots] = later_keys, later_values
+    merged_keys[earlier], merged_values[earlier] = keys, values
+    return merged_keys, merged_values
 
 
 class SortedRows:
@@ -60,17 +77,8 @@ class SortedRows:
         return SortedRows(self.keys[mask], self.values[mask], self.key_bits)
 
     def merged(self, keys: np.ndarray, values: np.ndarray) -> SortedRows:
-        """These rows (``keys`` ascending) merged in, after the equal keys already here. Not ``np.insert``:
-        that sorts the positions again and builds its mask once per array."""
-        keys = keys.astype(self.keys.dtype, copy=False)
-        slots = np.searchsorted(self.keys, keys, side="right") + np.arange(len(keys))
-        old_slots = np.ones(len(self.keys) + len(keys), dtype=bool)
-        old_slots[slots] = False
-        merged_keys = np.empty(len(old_slots), self.keys.dtype)
-        merged_values = np.empty(len(old_slots), self.values.dtype)
-        merged_keys[slots], merged_values[slots] = keys, values
-        merged_keys[old_slots], merged_values[old_slots] = self.keys, self.values
-        return SortedRows(merged_keys, merged_values, self.key_bits)
+        """These rows (``keys`` ascending) merged in, after the equal keys already here."""
+        return SortedRows(*merged_rows(self.keys, self.values, keys, values), self.key_bits)
 
     def bounds(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each probe key, the range [low, high) of the rows holding it."""

@@ -29,10 +29,13 @@ copy.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from itertools import pairwise, starmap
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+
+from .sorted_rows import merged_rows
 
 __all__ = [
     "BIG_ENDIAN_U64",
@@ -370,7 +373,7 @@ class SortedRuns(_Table):
         next_run += 1
         while len(runs) >= 2 and 2 * int(runs[-1]["rows"]) >= int(runs[-2]["rows"]):
             newer, older = runs.pop(), runs.pop()
-            merged = _merged(*self._run_rows(txn, older), *self._run_rows(txn, newer))
+            merged = merged_rows(*self._run_rows(txn, older), *self._run_rows(txn, newer))
             self._drop_run(txn, older)
             self._drop_run(txn, newer)
             runs.append(self._write_run(txn, next_run, *merged))
@@ -389,7 +392,7 @@ class SortedRuns(_Table):
         keys, values = self._empty()
         keys = keys.astype(np.uint64)
         for run in self._catalog(txn)[1]:
-            keys, values = _merged(keys, values, *self._run_rows(txn, run))
+            keys, values = merged_rows(keys, values, *self._run_rows(txn, run))
         return keys, values
 
     def replace(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
@@ -407,7 +410,7 @@ class SortedRuns(_Table):
             return 1, np.zeros(0, dtype=_RUN)
         return int.from_bytes(raw[:4], "little"), np.frombuffer(raw[4:], dtype=_RUN)
 
-    def _put_catalog(self, txn: Any, next_run: int, runs: list[np.void] | list[Any]) -> None:
+    def _put_catalog(self, txn: Any, next_run: int, runs: Sequence[np.void]) -> None:
         packed = np.array(runs, dtype=_RUN) if runs else np.zeros(0, dtype=_RUN)
         txn.put(_CATALOG, next_run.to_bytes(4, "little") + packed.tobytes(), db=self.db)
         live = set(zip(packed["run"].tolist(), packed["stamp"].tolist(), strict=True))
@@ -464,24 +467,10 @@ class SortedRuns(_Table):
 
 
 def _filter_slots(keys: np.ndarray, slots: int) -> np.ndarray:
-    """Each key's slot of a run's bitmap of ``slots`` bits: the top 32 bits of a mixed key scaled to the range."""
+    """Each key's slot of a run's bitmap of ``slots`` bits (at most 2**32: runs of up to 2**29 rows): the top 32
+    bits of a mixed key scaled to the range."""
     mixed = (np.asarray(keys, dtype=np.uint64) * _GOLDEN) >> np.uint64(32)
     return ((mixed * np.uint64(slots)) >> np.uint64(32)).astype(np.intp)
-
-
-def _merged(
-    keys: np.ndarray, values: np.ndarray, later_keys: np.ndarray, later_values: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Two key-sorted row sets as one, each key's rows of ``later_keys`` after those of ``keys``: one search and
-    two scatters, not a sort."""
-    slots = np.searchsorted(keys, later_keys, side="right") + np.arange(len(later_keys))
-    earlier = np.ones(len(keys) + len(later_keys), dtype=bool)
-    earlier[slots] = False
-    merged_keys = np.empty(len(earlier), dtype=np.uint64)
-    merged_values = np.empty(len(earlier), dtype=np.uint64)
-    merged_keys[slots], merged_values[slots] = later_keys, later_values
-    merged_keys[earlier], merged_values[earlier] = keys, values
-    return merged_keys, merged_values
 
 
 def table_class(layout: TableLayout) -> type[DuplicateRows] | type[PackedBuckets] | type[SortedRuns]:
