@@ -9,7 +9,7 @@ database, laid out one of three ways (the index stores which):
   than a merge has rows, every row dirties a page of its own, which the commit writes out again. Each run keeps
   the first key of each chunk (which chunk a probe reads) and a bitmap of its keys at 8 bits a row (which runs a
   probe skips: about one in nine of those without the key passes), both stored with the run and kept in memory
-  once read. Entry-valued tables use it from format 6 on: about 11 bytes a row where ``rows`` took 31.
+  once read. Entry-valued tables use it from format 6 on: about 12 bytes a row, against 31 in ``rows``.
 - ``rows`` (:class:`DuplicateRows`): ``dupsort`` + ``dupfixed``, one LMDB row per table row, each bucket read as
   one packed array by ``getmulti``. A key with one row is a plain node, so this suited tables whose keys hold
   about one row each: the entry-valued tables of every index written before format 6.
