@@ -186,8 +186,8 @@ class Lookup:
         self, txn: Any, fps: np.ndarray, keys: TableKeys | None, max_candidates: int | None
     ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray] | None, HeldRows | None]:
         """The (query row, entry key) pairs the tables name, each with what its table row held (the entry key, or
-        on a fold-valued index the entry's 64-bit fold, within the radius), None when none; and the rows each
-        position's key holds."""
+        on a fold-valued index the entry's 64-bit fold, within the radius), None when none; and, on an entry-valued
+        index, the rows each position's key holds."""
         n = len(fps)
         if n == 0:
             return None, None
@@ -224,7 +224,8 @@ class Lookup:
                     found_probes.append(low + staged_probe)
                     found_values.append(staged_values)
         probe_of = np.concatenate(found_probes) if found_probes else np.zeros(0, np.intp)
-        held = self._held(txn, batch_keys, flat, probe_of)
+        # Only entry-valued tables stay as a lookup read them until a batch adds keys (see ``HeldRows``).
+        held = self._held(txn, batch_keys, flat, probe_of) if self.fmt.entry_valued else None
         # Nothing found (probes can pass the key filter on a removed row's bit, or miss the staged rows).
         if not found_probes:
             return None, held

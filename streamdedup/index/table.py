@@ -52,6 +52,7 @@ __all__ = [
 
 TableLayout = Literal["rows", "buckets", "runs"]
 BIG_ENDIAN_U64 = np.dtype(">u8")
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the product's top bits mix every key bit
 _MOST_ROWS_AWAITING_MERGE = 1 << 18
 
 
@@ -117,7 +118,7 @@ def rows_in(keys: np.ndarray, values: np.ndarray, other_keys: np.ndarray, other_
 
 
 def _row_hashes(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    mixed = keys.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ values.astype(np.uint64)
+    mixed = keys.astype(np.uint64) * _GOLDEN ^ values.astype(np.uint64)
     mixed ^= mixed >> np.uint64(33)
     mixed *= np.uint64(0xFF51AFD7ED558CCD)
     mixed ^= mixed >> np.uint64(33)
@@ -299,7 +300,6 @@ _DIRECTORY_PART, _FILTER_PART = 0xFFFFFFFE, 0xFFFFFFFF
 _RUN = np.dtype([("run", "<u4"), ("stamp", "<u4"), ("rows", "<u8"), ("chunks", "<u4"), ("filter_slots", "<u8")])
 """A run's catalog record. Its ``stamp`` is drawn at random when the run is written: a write that aborts leaves
 its run number free for the next one, and a run read from an aborted write must not pass for it."""
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _DIRECTORY_KEY = np.dtype("<u8")
 
 

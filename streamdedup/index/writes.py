@@ -293,11 +293,7 @@ class Writes:
         tables, n = batch_keys.keys.shape
         starts = np.flatnonzero(batch_keys.runs.ravel())
         looked_up = batch_keys.held
-        if (
-            self.fmt.entry_valued
-            and looked_up is not None
-            and looked_up.keyed_writes == self.store.counter(txn, META_KEYED_WRITES)
-        ):
+        if looked_up is not None and looked_up.keyed_writes == self.store.counter(txn, META_KEYED_WRITES):
             held = looked_up.counts.ravel()[starts]
         else:
             held = self._runs_held(txn, batch_keys, starts)
