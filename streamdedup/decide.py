@@ -20,7 +20,8 @@ from typing import Literal, NamedTuple, overload
 import numpy as np
 
 from .document import Document
-from .index import STORAGE_ERRORS, SegmentIndex, TableKeys
+from .index import STORAGE_ERRORS, Candidates, SegmentIndex, TableKeys
+from .index.keys import most_shared
 from .index.packed_ids import PackedIds
 from .minhash import SKETCH_DTYPE
 from .names import NOT_DECIDED
@@ -37,6 +38,10 @@ Reason = Literal["novel", "exact", "near", "redelivered", "unindexable"]
 
 _REASONS = np.array(["novel", "exact", "near", "redelivered", "unindexable"], dtype=object)
 _NOVEL, _EXACT, _NEAR, _REDELIVERED, _UNINDEXABLE = range(len(_REASONS))
+
+_FIRST_VERIFIED = 4
+"""Stored candidates of each row verified in the first round; each further round goes four times as deep into
+each row's candidates as the one before (see ``Deduplicator._stored_matches``)."""
 
 _RESOLVE_ROUNDS = 8
 """Rounds of the vectorised in-batch resolution before the rest goes row by row (``_duplicates_in_stream_order``)."""
@@ -191,6 +196,37 @@ class _StoredCandidates:
             self.distances[slots],
             self.jaccard[slots],
             np.full(len(first), by_id),
+        )
+
+
+@dataclass(frozen=True)
+class _Passed:
+    """The stored candidates (positions in a lookup's :class:`Candidates`) that one round verified and passed,
+    with what a match reports, and whether ``max_entries`` can hide them from their row."""
+
+    candidates: np.ndarray
+    kept_after: np.ndarray
+    ids: PackedIds
+    distances: np.ndarray
+    jaccard: np.ndarray
+    surely_visible: np.ndarray
+
+    @staticmethod
+    def ranked(rounds: Sequence[_Passed], query: np.ndarray, found: Candidates) -> _StoredCandidates:
+        """Every round's candidates, best first per row: the order they were verified in (most shared tables,
+        then earliest stored)."""
+        candidates = np.concatenate([each.candidates for each in rounds]) if rounds else np.zeros(0, np.intp)
+        if not len(candidates):
+            return _StoredCandidates.none()
+        entries = found.entries[candidates].astype(np.uint64)
+        order = np.lexsort((entries, -found.shared[candidates], query[candidates]))
+        return _StoredCandidates(
+            query[candidates[order]],
+            np.concatenate([each.kept_after for each in rounds])[order],
+            order,
+            PackedIds.joined([each.ids for each in rounds]),
+            np.concatenate([each.distances for each in rounds]),
+            np.concatenate([each.jaccard for each in rounds]),
         )
 
 
@@ -588,39 +624,83 @@ class Deduplicator:
         indexable: np.ndarray,
         keys: TableKeys,
     ) -> tuple[_StoredCandidates, np.ndarray, TableKeys | None]:
-        """Accepted stored candidates, best first per row: nearest, then most overlapping, then earliest stored;
-        how many stored candidates each row was compared with; and the indexable rows' keys with the rows each
-        holds, when the lookup counted them."""
+        """Accepted stored candidates, best first per row; how many stored candidates each row was compared with;
+        and the indexable rows' keys with the rows each holds, when the lookup counted them.
+
+        A row's candidates are verified in the order of the tables they share with it, most first, the earliest
+        stored among equals, and its best candidate is the first in that order that passes. Rounds verify the
+        first 4 of each row, then 16, 64, ...: a row stops at the first round with a candidate that passes and
+        that ``max_entries`` cannot hide, so a copy costs the sketches of a few candidates, not of all of them,
+        and the verdicts are those of verifying every one."""
         rows = np.flatnonzero(indexable)
-        none = np.zeros(len(ids), dtype=np.int64)
+        compared = np.zeros(len(ids), dtype=np.int64)
         if not len(rows) or not len(self.index):
-            return _StoredCandidates.none(), none, None
+            return _StoredCandidates.none(), compared, None
         lookup_keys = keys.subset(rows)
         found = self.index.candidates(fps[rows], keys=lookup_keys, max_candidates=self._max_candidates)
         if found.held is not None:
             lookup_keys = lookup_keys.with_held(found.held)
-        if not len(found):
-            return _StoredCandidates.none(), none, lookup_keys
         query = rows[found.rows]
-        candidates = np.bincount(query, minlength=len(ids))
-        jaccard = self.sketcher.jaccard(sketches[query], found.payloads.view(SKETCH_DTYPE))
+        verified = np.zeros(len(found), dtype=bool)
+        settled = np.zeros(len(ids), dtype=bool)
+        passed: list[_Passed] = []
+        limit = _FIRST_VERIFIED
+        while True:
+            open_rows = np.flatnonzero(~settled[query])
+            if verified[open_rows].all():
+                break
+            first = most_shared(
+                found.rows[open_rows], found.entries[open_rows], found.shared[open_rows], limit, newest=False
+            )
+            top = open_rows[first]
+            limit *= _FIRST_VERIFIED
+            batch = self._verified(top[~verified[top]], query, found, ids, origins, fps, times, sketches, compared)
+            verified[top] = True
+            passed.append(batch)
+            settled[query[batch.candidates[batch.surely_visible]]] = True
+        return _Passed.ranked(passed, query, found), compared, lookup_keys
+
+    def _verified(
+        self,
+        candidates: np.ndarray,
+        query: np.ndarray,
+        found: Candidates,
+        ids: list[str],
+        origins: list[tuple[str, int, int] | None],
+        fps: np.ndarray,
+        times: np.ndarray,
+        sketches: np.ndarray,
+        compared: np.ndarray,
+    ) -> _Passed:
+        """Of these ``found`` candidates (positions), those still stored that pass, with their records read;
+        ``compared`` counts, per row, the candidates verified."""
+        present, candidate_times, payloads = self.index.times_and_payloads(found.entries[candidates])
+        candidates, candidate_times, payloads = candidates[present], candidate_times[present], payloads[present]
+        compared += np.bincount(query[candidates], minlength=len(compared))
+        jaccard = self.sketcher.jaccard(sketches[query[candidates]], payloads.view(SKETCH_DTYPE))
         # Most candidates fail: only those that pass have their records read.
-        passed = np.flatnonzero(self._accepts(jaccard) & self._fresh(found.times, times[query]))
-        present, records = self.index.records_of(found.entries[passed])
-        passed = passed[present]
-        query, entries, jaccard = query[passed], found.entries[passed], jaccard[passed]
-        distances = np.bitwise_count(records.fingerprints ^ fps[query]).sum(axis=1).astype(np.int64)
-        order = self._ranked(query, entries, distances, jaccard, records.times, times[query])
+        passing = np.flatnonzero(self._accepts(jaccard) & self._fresh(candidate_times, times[query[candidates]]))
+        present, records = self.index.records_of(found.entries[candidates[passing]])
+        passing = passing[present]
+        candidates, jaccard = candidates[passing], jaccard[passing]
+        rows = query[candidates]
         # A replayed record (the same origin) is not its own duplicate.
         replayed = np.fromiter(
-            (origins[query[i]] is not None and records.origin(i) == origins[query[i]] for i in order.tolist()),
+            (origins[row] is not None and records.origin(i) == origins[row] for i, row in enumerate(rows.tolist())),
             dtype=bool,
-            count=len(order),
+            count=len(rows),
         )
-        order = order[~replayed]
-        kept_after = self.index.kept_after(entries[order])
-        candidates_found = _StoredCandidates(query[order], kept_after, order, records.ids, distances, jaccard)
-        return candidates_found, candidates, lookup_keys
+        own = np.flatnonzero(~replayed)
+        kept_after = self.index.kept_after(found.entries[candidates[own]])
+        return _Passed(
+            candidates[own],
+            kept_after,
+            records.ids.take(own),
+            np.bitwise_count(records.fingerprints[own] ^ fps[rows[own]]).sum(axis=1).astype(np.int64),
+            jaccard[own],
+            # Seen by the row whatever the batch keeps before it: fewer kept documents than the batch has rows.
+            np.ones(len(own), dtype=bool) if self._max_entries is None else kept_after + len(ids) < self._max_entries,
+        )
 
     @staticmethod
     def _kept_later_copy(indexable: np.ndarray, copies: np.ndarray, matches: _Matches) -> bool:

@@ -205,7 +205,7 @@ class ServiceMetrics:
         }
         self.match_distance = _DistanceHistogram(
             f"{METRIC_PREFIX}match_distance_bits",
-            "Hamming distance from each duplicate to its nearest earlier match.",
+            "Hamming distance from each duplicate to the earlier document it matches.",
             distance_bounds(radius, width),
         )
         self.registry.register(self.match_distance)
@@ -305,7 +305,7 @@ class ServiceMetrics:
             self.event_times_clamped.inc(count)
 
     def record_dropped(self, per_reason: Mapping[str, int], distances: npt.ArrayLike = ()) -> None:
-        """Count a batch of duplicates, ``{reason: count}``, and their nearest-match distances."""
+        """Count a batch of duplicates, ``{reason: count}``, and the distances to their matches."""
         _check_known("drop reason", per_reason, DROP_REASONS)
         _add(self.messages_dropped, "reason", per_reason)
         self.match_distance.observe_many(distances)

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from streamdedup import decide
 from streamdedup.bench.adversarial import boilerplate_stream, template_stream
 from streamdedup.decide import Deduplicator, Verdict, Verdicts, _duplicates_in_stream_order, open_index
 from streamdedup.document import Document
@@ -319,6 +320,55 @@ def test_hot_keys_leave_candidates_per_document_bounded_and_copies_caught(
         assert kept == [v.novel for v in verdicts["unbounded"]]
     else:
         assert sum(v.novel for v in bounded) < 20
+
+
+@pytest.mark.parametrize(("stream", "max_entries"), [("tune", None), ("template", None), ("tune", 300)])
+def test_stored_candidates_verified_in_rounds_decide_as_verifying_every_one(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: str, max_entries: int | None
+) -> None:
+    # Rows stop verifying at the first round with a candidate that passes: the verdicts (and the match each
+    # reports) are those of one round over every candidate. A small max_entries puts candidates at its edge,
+    # where a passing candidate may be hidden and the row must go on.
+    if stream == "tune":
+        texts = [doc.text for doc in load_stream(split="tune")[:2000]]
+    else:
+        texts = template_stream(2000, 200 / 2000, seed=5).texts
+    chosen = settings.model_copy(
+        update={"index": settings.index.model_copy(update={"max_entries": max_entries, "max_age_seconds": None})}
+    )
+    compared = {}
+    verdicts = {}
+    for name, first in (("rounds", decide._FIRST_VERIFIED), ("all at once", 10**9)):
+        monkeypatch.setattr(decide, "_FIRST_VERIFIED", first)
+        with open_index(chosen, tmp_path / name) as index:
+            dedup = Deduplicator(chosen, index)
+            verdicts[name], compared[name] = [], 0
+            for start in range(0, len(texts), 250):
+                verdicts[name] += dedup.decide(docs(texts[start : start + 250], start))
+                compared[name] += int(dedup.last_candidates.sum())
+    fields = [[(v.novel, v.reason, v.match_id, v.distance, v.jaccard) for v in verdicts[name]] for name in verdicts]
+    assert fields[0] == fields[1]
+    assert sum(not v.novel for v in verdicts["rounds"]) > 150
+    assert compared["rounds"] < compared["all at once"]
+
+
+def test_a_row_verifies_on_while_max_entries_may_hide_what_passed(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # q is near x and y, which are not near each other (both kept). Ten entries at most: q's batch keeps three
+    # documents before it, which hides x (seven kept after it) but not y (six). One candidate a round: x, the
+    # earliest, passes first, and q must go on to y.
+    monkeypatch.setattr(decide, "_FIRST_VERIFIED", 1)
+    words = [f"word{i:02d}x" for i in range(40)]
+    x, y, q = (" ".join(words[start : start + 20]) for start in (0, 9, 4))
+    rng = random.Random(11)
+    fillers = [" ".join(f"f{rng.randrange(10**9)}" for _ in range(12)) for _ in range(9)]
+    capped = settings.model_copy(
+        update={"index": settings.index.model_copy(update={"max_entries": 10, "max_age_seconds": None})}
+    )
+    verdicts = run(capped, tmp_path / "idx", [docs([x, y, *fillers[:6]]), docs([*fillers[6:], q], start=8)])
+    assert [v.novel for v in verdicts] == [True] * 11 + [False]
+    assert verdicts[-1].match_id == "d1"
 
 
 def _edited_stream(rng: random.Random, count: int, vocabulary: int) -> list[Document]:

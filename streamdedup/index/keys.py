@@ -162,10 +162,12 @@ class TableKeys:
         return earlier[near], later[near], distances[near]
 
 
-def most_shared(rows: np.ndarray, named: np.ndarray, shared: np.ndarray, limit: int) -> np.ndarray:
+def most_shared(
+    rows: np.ndarray, named: np.ndarray, shared: np.ndarray, limit: int, *, newest: bool = True
+) -> np.ndarray:
     """Indices (ascending) of each row's ``limit`` candidates ``named`` that ``shared`` the most tables with it,
-    the highest name (the newest entry, the latest batch row) first among equals: a near-copy shares most of
-    its segments, a text that only shares a template's few."""
+    the highest name (the newest entry, the latest batch row) first among equals, or with ``newest=False`` the
+    lowest: a near-copy shares most of its segments, a text that only shares a template's few."""
     if not len(rows):
         return np.zeros(0, dtype=np.intp)
     # Most rows have no more than ``limit`` candidates and keep them all: only the others' are ranked.
@@ -173,21 +175,25 @@ def most_shared(rows: np.ndarray, named: np.ndarray, shared: np.ndarray, limit: 
     if not over.any():
         return np.arange(len(rows))
     if len(rows) > 1 and ((rows[1:] > rows[:-1]) | ((rows[1:] == rows[:-1]) & (named[1:] > named[:-1]))).all():
-        return _most_shared_grouped(rows, shared, limit, over)
+        return _most_shared_grouped(rows, shared, limit, over, newest)
     ranked = np.flatnonzero(over)
     rows, shared, named = rows[ranked], shared[ranked], named[ranked].astype(np.uint64)
-    word = packed([rows, shared.max() - shared, named.max() - named])
-    order = np.lexsort((~named, -shared, rows)) if word is None else np.argsort(word[0])
+    tie = named.max() - named if newest else named
+    word = packed([rows, shared.max() - shared, tie])
+    order = np.lexsort((~named if newest else named, -shared, rows)) if word is None else np.argsort(word[0])
     grouped = rows[order]
     starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
     over[ranked[order[run_ranks(starts, len(order)) < limit]]] = False
     return np.flatnonzero(~over)
 
 
-def _most_shared_grouped(rows: np.ndarray, shared: np.ndarray, limit: int, over: np.ndarray) -> np.ndarray:
+def _most_shared_grouped(
+    rows: np.ndarray, shared: np.ndarray, limit: int, over: np.ndarray, newest: bool
+) -> np.ndarray:
     """:func:`most_shared` of candidates sorted by (row, name) (as a lookup's distinct pairs come), without a
     sort: a histogram of each row's shared counts gives the count its ``limit``-th candidate shares; those sharing
-    more stay, and of those sharing exactly as many, the last ones (the highest names) fill the row's quota."""
+    more stay, and of those sharing exactly as many, the last ones (the highest names; ``newest=False``: the
+    first ones) fill the row's quota."""
     levels = int(shared.max()) + 1
     histogram = np.bincount(rows * levels + shared, minlength=(int(rows.max()) + 1) * levels).reshape(-1, levels)
     # at_least[r, s]: the row's candidates sharing s tables or more.
@@ -202,8 +208,10 @@ def _most_shared_grouped(rows: np.ndarray, shared: np.ndarray, limit: int, over:
         tie_rows = rows[ties]
         starts = np.flatnonzero(np.concatenate(([True], tie_rows[1:] != tie_rows[:-1])))
         sizes = np.diff(np.append(starts, len(ties)))
-        from_end = np.repeat(starts + sizes, sizes) - np.arange(len(ties)) - 1
-        keep[ties[from_end < limit - above[tie_rows]]] = True
+        place = np.arange(len(ties)) - np.repeat(starts, sizes)
+        if newest:
+            place = np.repeat(sizes, sizes) - place - 1
+        keep[ties[place < limit - above[tie_rows]]] = True
     return np.flatnonzero(keep)
 
 

@@ -39,13 +39,14 @@ class SearchResult:
 
 @dataclass(frozen=True)
 class Candidates:
-    """Stored entries found for query rows, sorted by (row, entry key), with what verifying them needs: each
-    entry's event time and payload (its sketch). The rest of a record is read for the few that pass."""
+    """Stored entries found for query rows, sorted by (row, entry key), each with how many tables it shares
+    with its row: a decision verifies a row's candidates sharing the most first (the newest among equals), with
+    the times and payloads :meth:`Lookup.times_and_payloads` gives, and reads the rest of a record only for the
+    few that pass."""
 
     rows: np.ndarray
     entries: np.ndarray
-    times: np.ndarray
-    payloads: np.ndarray
+    shared: np.ndarray
     held: HeldRows | None = None
     """The rows each query key holds, position for position in the queries' table keys (entry-valued indexes)."""
 
@@ -122,11 +123,23 @@ class Lookup:
         keys: TableKeys | None = None,
         max_candidates: int | None = None,
     ) -> tuple[SearchResult, EntryRecords | None]:
-        empty = SearchResult(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
+        near, records = self._near(txn, fps, min_time, keys, max_candidates)
+        if near is None:
+            return SearchResult(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64)), records
+        rows_q, seqs, distances, _ = near
+        word = packed([rows_q, distances, seqs]) if len(rows_q) else None
+        order = np.lexsort((seqs, distances, rows_q)) if word is None else np.argsort(word[0])
+        return SearchResult(rows_q[order], seqs[order], distances[order]), records
+
+    def _near(
+        self, txn: Any, fps: np.ndarray, min_time: float | None, keys: TableKeys | None, max_candidates: int | None
+    ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None, EntryRecords | None]:
+        """The (query row, entry key) pairs within the radius (and not older than ``min_time``), unordered, each
+        with its distance and the tables it shares; and the records read to tell (None: none were)."""
         found, _ = self._found(txn, fps, keys, max_candidates)
         if found is None:
-            return empty, None
-        rows_q, seqs, folds = found
+            return None, None
+        rows_q, seqs, folds, shared = found
         radius = self.fmt.plan.radius
         records = None
         if self.fmt.words == 1:
@@ -134,7 +147,7 @@ class Lookup:
         if self.fmt.words > 1 or min_time is not None:
             records = self.records(txn, np.unique(seqs))
             slot, present = _located(records, seqs)
-            rows_q, seqs, slot = rows_q[present], seqs[present], slot[present]
+            rows_q, seqs, shared, slot = rows_q[present], seqs[present], shared[present], slot[present]
             if self.fmt.words == 1:
                 distances = distances[present]
             else:
@@ -142,40 +155,35 @@ class Lookup:
             keep = distances <= radius
             if min_time is not None:
                 keep &= records.times[slot] >= min_time
-            rows_q, seqs, distances = rows_q[keep], seqs[keep], distances[keep]
-        word = packed([rows_q, distances, seqs]) if len(rows_q) else None
-        order = np.lexsort((seqs, distances, rows_q)) if word is None else np.argsort(word[0])
-        return SearchResult(rows_q[order], seqs[order], distances[order]), records
+            rows_q, seqs, distances, shared = rows_q[keep], seqs[keep], distances[keep], shared[keep]
+        return (rows_q, seqs, distances, shared), records
 
     def candidates(
         self, txn: Any, fps: np.ndarray, keys: TableKeys | None = None, max_candidates: int | None = None
     ) -> Candidates:
-        """The stored entries within the radius of each query (as :meth:`search`), with their times and
-        payloads: on an entry-valued index through the writer's cache of them, without reading the records."""
-        none = Candidates(
-            np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0), np.zeros((0, self.fmt.payload_bytes), np.uint8)
-        )
+        """The stored entries within the radius of each query (as :meth:`search`), without their records."""
+        none = Candidates(np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64))
         if not self.fmt.entry_valued:
-            result, records = self.search(txn, fps, None, keys, max_candidates)
-            if not len(result):
+            near, _ = self._near(txn, fps, None, keys, max_candidates)
+            if near is None:
                 return none
-            if records is None:
-                records = self.records(txn, result.entries)
-            slot = np.searchsorted(records.entries, result.entries)
-            return Candidates(result.rows, result.entries, records.times[slot], records.payloads[slot])
+            rows, entries, _, shared = near
+            word = packed([rows, entries]) if len(rows) else None
+            order = np.lexsort((entries, rows)) if word is None else np.argsort(word[0])
+            return Candidates(rows[order], entries[order], shared[order])
         found, held = self._found(txn, fps, keys, max_candidates)
         if found is None:
             return replace(none, held=held)
-        rows, entries, _ = found
+        rows, entries, _, shared = found
+        return Candidates(rows, entries, shared, held)
+
+    def times_and_payloads(self, txn: Any, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each of these entry keys (any order, repeated or not): whether it is still stored (its table rows
+        can outlive it), its event time and its payload; on an entry-valued index through the writer's cache of
+        them."""
         fetch = partial(self._times_and_payloads, txn)
-        mirror = self.cached.read_mirror(txn)
-        present, times, payloads = (
-            fetched_rows(entries, fetch) if mirror is None else mirror.records.read(entries, fetch)
-        )
-        if not present.all():
-            # Entries removed since their table rows were written.
-            rows, entries, times, payloads = rows[present], entries[present], times[present], payloads[present]
-        return Candidates(rows, entries, times, payloads, held)
+        mirror = self.cached.read_mirror(txn) if self.fmt.entry_valued else None
+        return fetched_rows(entries, fetch) if mirror is None else mirror.records.read(entries, fetch)
 
     def _times_and_payloads(self, txn: Any, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Of these entry keys (ascending, distinct), those stored, with their event times and payloads."""
@@ -184,10 +192,10 @@ class Lookup:
 
     def _found(
         self, txn: Any, fps: np.ndarray, keys: TableKeys | None, max_candidates: int | None
-    ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray] | None, HeldRows | None]:
-        """The (query row, entry key) pairs the tables name, each with what its table row held (the entry key, or
-        on a fold-valued index the entry's 64-bit fold, within the radius), None when none; and, on an entry-valued
-        index, the rows each position's key holds."""
+    ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None, HeldRows | None]:
+        """The (query row, entry key) pairs the tables name, by row, each with what its table row held (the entry
+        key, or on a fold-valued index the entry's 64-bit fold, within the radius) and how many tables named it,
+        None when none; and, on an entry-valued index, the rows each position's key holds."""
         n = len(fps)
         if n == 0:
             return None, None
@@ -255,9 +263,9 @@ class Lookup:
         if max_candidates is not None and self.fmt.entry_valued:
             best = most_shared(qi, named, shared, max_candidates)
             best = best[batch_keys.well_shared(qi[best], shared[best])]
-            qi, named = qi[best], named[best]
+            qi, named, shared = qi[best], named[best], shared[best]
         if self.fmt.entry_valued:
-            return (qi, named, named), held
+            return (qi, named, named, shared), held
         unique_folds, inverse = np.unique(named, return_inverse=True)
         with txn.cursor(self.store.folds) as cursor:
             raw = cursor.getmulti(seq_bytes(unique_folds), dupdata=True, dupfixed_bytes=8, keyfixed=True)
@@ -265,7 +273,7 @@ class Lookup:
         pair, ri = _group_expand(unique_folds, inverse, rows[:, :8].copy().view(U64).ravel().astype(np.uint64))
         rows_q = qi[pair]
         seqs = rows[ri, 8:].copy().view(U64).ravel().astype(np.uint64)
-        return (rows_q, seqs, named[pair]), held
+        return (rows_q, seqs, named[pair], shared[pair]), held
 
     def _held(self, txn: Any, batch_keys: TableKeys, probed: np.ndarray, probe_of: np.ndarray) -> HeldRows:
         """The rows each position's key holds, from the rows found for the probed positions (the runs' first

@@ -47,6 +47,20 @@ class PackedIds(Sequence[str]):
         """The ids at these positions, in this order, without decoding any."""
         return PackedIds(self._buffer, self._starts[order], self._stops[order])
 
+    @classmethod
+    def joined(cls, parts: Sequence[PackedIds]) -> PackedIds:
+        """The ids of ``parts``, one after another, in one buffer."""
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls(b"", np.zeros(0, np.int64), np.zeros(0, np.int64))
+        shifts = np.cumsum([0, *(len(part._buffer) for part in parts)])[:-1]
+        return cls(
+            b"".join(part._buffer for part in parts),
+            np.concatenate([part._starts + shift for part, shift in zip(parts, shifts, strict=True)]),
+            np.concatenate([part._stops + shift for part, shift in zip(parts, shifts, strict=True)]),
+        )
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence) and not isinstance(other, str):
             return list(self) == list(other)

@@ -296,11 +296,17 @@ class SegmentIndex:
     def candidates(
         self, fps: np.ndarray, *, keys: TableKeys | None = None, max_candidates: int | None = None
     ) -> Candidates:
-        """The stored entries ``search`` finds, with the event time and payload of each: what a decision verifies
-        every candidate with. Their records (:meth:`records_of`) are read for the few that pass."""
+        """The stored entries ``search`` finds, with the tables each shares with its query: a decision verifies
+        them on :meth:`times_and_payloads`, and reads the records (:meth:`records_of`) of the few that pass."""
         fps = self._lookup.checked(fps)
         with self._read() as txn:
             return self._lookup.candidates(txn, fps, keys, max_candidates)
+
+    def times_and_payloads(self, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each of these entry keys (any order): whether it is still stored, its event time and its payload,
+        on an entry-valued index through the writer's cache of them."""
+        with self._read() as txn:
+            return self._lookup.times_and_payloads(txn, np.asarray(entries, dtype=np.uint64))
 
     def records_of(self, entries: np.ndarray) -> tuple[np.ndarray, EntryRecords]:
         """The records of these entry keys: the position in ``entries`` of each one still stored (ascending),

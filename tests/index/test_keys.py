@@ -160,9 +160,10 @@ def test_packed_columns_sort_as_lexsort_does_and_refuse_what_does_not_fit() -> N
 @given(
     candidates=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), max_size=60),
     limit=st.integers(1, 5),
+    newest=st.booleans(),
 )
-def test_most_shared_keeps_each_rows_candidates_sharing_the_most_the_newest_among_equals(
-    candidates: list[tuple[int, int]], limit: int
+def test_most_shared_keeps_each_rows_candidates_sharing_the_most_the_newest_or_earliest_among_equals(
+    candidates: list[tuple[int, int]], limit: int, newest: bool
 ) -> None:
     # Distinct (row, named) pairs sorted as a lookup gives them; named is the pair's position, so newer is higher.
     rows = np.array(sorted(row for row, _ in candidates), dtype=np.int64)
@@ -171,9 +172,9 @@ def test_most_shared_keeps_each_rows_candidates_sharing_the_most_the_newest_amon
     expected = []
     for row in set(rows.tolist()):
         mine = [i for i in range(len(rows)) if rows[i] == row]
-        expected += sorted(mine, key=lambda i: (-shared[i], -int(named[i])))[:limit]
-    assert most_shared(rows, named, shared, limit).tolist() == sorted(expected)
+        expected += sorted(mine, key=lambda i: (-shared[i], -int(named[i]) if newest else int(named[i])))[:limit]
+    assert most_shared(rows, named, shared, limit, newest=newest).tolist() == sorted(expected)
     # In any order (the in-batch pairs come sorted by their earlier row): the same candidates.
     order = np.random.default_rng(len(rows)).permutation(len(rows))
-    chosen = most_shared(rows[order], named[order], shared[order], limit)
+    chosen = most_shared(rows[order], named[order], shared[order], limit, newest=newest)
     assert sorted(order[chosen].tolist()) == sorted(expected)
