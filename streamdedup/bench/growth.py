@@ -10,7 +10,8 @@ as ``bench quality`` starts its clocks), and the figures of its end are read out
 
 Per window: documents/s, CPU time per document (this process and its workers: on a shared host it moves far
 less than the rate), the decision step's own time per document (``Deduplicator.decide`` on the signed batches:
-lookup, verification and store in one process, the serial stage that bounds the rate), the share kept, index
+lookup, verification and store, the serial stage that bounds the rate, timed within the run while the workers
+sign the next batches), the share kept, index
 entries, resident memory of this process and its workers, index bytes on disk (LMDB pages in use) per kept
 document, and how many documents each document's sketch was compared with (p50/p99/max,
 ``Deduplicator.last_candidates``). At the end: the last window's documents/s over the first's (goal: at least
@@ -123,7 +124,7 @@ def main(options: list[str], settings: Settings) -> int:
     print(f"last window / first window documents/s: {ratio:.2f} (goal >= {GOAL})")
     if windows and windows[-1].decide_per_document:
         print(
-            "decision step alone (lookup, verification and store of signed batches, one process), last window: "
+            "decision step (lookup, verification and store of signed batches, timed within the run), last window: "
             f"{1 / windows[-1].decide_per_document:,.0f} documents/s"
         )
     title = (
