@@ -5,7 +5,8 @@ that die one by one. A batch's records, documents, futures and headers all live 
 outlive young collections, get promoted, and set off full collections that traverse everything in flight. In
 ``bench kafka`` that was ~4.7 s of the event loop's time over its rounds (full collections of ~86 ms each).
 Young collections every 20,000 net allocations let most of a batch's objects die before one runs; cycles are
-still collected, and a full collection still follows ten of the middle generation's.
+still collected, and a full collection still follows ten of the middle generation's. The service's processes
+and the offline mode's deciding process run with them.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from .decide import Deduplicator, Verdicts, open_index
 from .document import DeadLetter, Document, DocumentDecoder
 from .fingerprint import Fingerprinter, fingerprint_hex
+from .garbage import collecting_for_batches
 from .index import IndexPlan, planned
 from .settings import InputSettings, Settings
 from .signature import Signatures, Signer, SignerPool
@@ -159,7 +160,8 @@ def dedup_file(
     """Write the records of ``input_path`` that are not near-duplicates of earlier ones to ``output_path``.
 
     Batches of ``batch_size`` records (default ``dedup.batch_size``); ``signers``: a running pool to sign with
-    (left running), else the configured workers are started for this file."""
+    (left running), else the configured workers are started for this file. The garbage collector runs as it does
+    in the service's processes (``garbage.py``): a batch's documents and verdicts set off fewer collections."""
     batch_size = batch_size or settings.dedup.batch_size
     # JSONL records carry their own id; Kafka's default (topic-partition-offset) has no meaning here.
     input_settings = settings.input.model_copy(update={"id_field": settings.input.id_field or "id"})
@@ -167,6 +169,7 @@ def dedup_file(
     show_progress = sys.stderr.isatty() if progress is None else progress
     dead_letter_path = dead_letter_path or output_path.with_name(output_path.name + ".dead-letters.jsonl")
     with (
+        collecting_for_batches(),
         open_index(settings, work_dir, durable=False) as index,
         nullcontext(signers) if signers is not None else signer_pool(settings, index.plan) as pool,
         input_path.open("rb") as source,

@@ -157,6 +157,33 @@ def test_batches_follow_the_configured_size_and_a_given_pool_is_used_and_left_ru
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
 
 
+def test_batches_are_decided_at_the_batch_gc_thresholds_and_the_process_gets_its_own_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    from streamdedup.decide import Deduplicator
+    from streamdedup.garbage import BATCH_THRESHOLDS
+
+    seen: list[tuple[int, int, int]] = []
+    decide = Deduplicator.decide
+
+    def recording(self, docs, **options):  # type: ignore[no-untyped-def]
+        seen.append(gc.get_threshold())
+        return decide(self, docs, **options)
+
+    monkeypatch.setattr(Deduplicator, "decide", recording)
+    source = write_lines(tmp_path / "in.jsonl", [json.dumps({"id": "a", "text": BASE})])
+    before = (700, 10, 10)
+    gc.set_threshold(*before)
+    try:
+        dedup_file(source, tmp_path / "out.jsonl", load_settings(CONFIG), work_dir=tmp_path / "idx")
+        assert seen == [BATCH_THRESHOLDS]
+        assert gc.get_threshold() == before
+    finally:
+        gc.set_threshold(*before)
+
+
 def test_an_index_built_under_other_fingerprint_settings_is_refused(tmp_path: Path) -> None:
     settings = load_settings(CONFIG)
     with open_index(settings, tmp_path / "index"):

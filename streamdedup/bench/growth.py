@@ -37,6 +37,7 @@ import numpy as np
 import psutil
 
 from ..decide import Deduplicator, Verdicts, open_index
+from ..garbage import collecting_for_batches
 from ..offline import decide_lines, signer_pool
 from ..settings import Settings
 from .growth_corpus import DEFAULT_CORPUS, SOURCES, ensure_corpus, read_corpus
@@ -170,7 +171,11 @@ def run_growth(
     input_settings = settings.input.model_copy(update={"id_field": settings.input.id_field or "id"})
     windows: list[Window] = []
     me = psutil.Process()
-    with open_index(settings, work, durable=False) as index, signer_pool(settings, index.plan) as pool:
+    with (
+        collecting_for_batches(),
+        open_index(settings, work, durable=False) as index,
+        signer_pool(settings, index.plan) as pool,
+    ):
         dedup = Deduplicator(settings, index)
         if pool is not None:
             for ready in pool.warm_up():
