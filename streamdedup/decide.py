@@ -40,8 +40,9 @@ _REASONS = np.array(["novel", "exact", "near", "redelivered", "unindexable"], dt
 _NOVEL, _EXACT, _NEAR, _REDELIVERED, _UNINDEXABLE = range(len(_REASONS))
 
 _FIRST_VERIFIED = 4
-"""Stored candidates of each row verified in the first round; each further round goes four times as deep into
-each row's candidates as the one before (see ``Deduplicator._stored_matches``)."""
+"""Stored candidates of each row verified in the first round (see ``Deduplicator._stored_matches``)."""
+_DEEPER_EACH_ROUND = 4
+"""How many times as deep into each row's candidates a round goes as the one before."""
 
 _RESOLVE_ROUNDS = 8
 """Rounds of the vectorised in-batch resolution before the rest goes row by row (``_duplicates_in_stream_order``)."""
@@ -557,19 +558,15 @@ class Deduplicator:
         jaccard: np.ndarray,
         candidate_times: np.ndarray,
         row_times: np.ndarray,
-        by_id: np.ndarray | None = None,
-        visible: np.ndarray | None = None,
+        by_id: np.ndarray,
+        visible: np.ndarray,
     ) -> np.ndarray:
-        """Indices of the acceptable (row, candidate) pairs, best first within each row: a candidate of the
-        same id (``by_id``, accepted whatever its overlap), then nearest, then most overlapping, then earliest."""
-        accepted = self._accepts(jaccard)
-        if by_id is not None:
-            accepted |= by_id
+        """Indices of the acceptable, ``visible`` (row, earlier row of the batch) pairs, best first within each row:
+        one of the same id (``by_id``, accepted whatever its overlap), then nearest, then most overlapping, then
+        earliest."""
         # Most candidates fail: sorting only those that pass costs a fraction of sorting them all.
-        ok = self._fresh(candidate_times, row_times) & accepted
-        ok = np.flatnonzero(ok if visible is None else ok & visible)
-        same_id = np.zeros(len(ok), dtype=bool) if by_id is None else by_id[ok]
-        return ok[np.lexsort((candidates[ok], -jaccard[ok], distances[ok], ~same_id, rows[ok]))]
+        ok = np.flatnonzero(self._fresh(candidate_times, row_times) & (self._accepts(jaccard) | by_id) & visible)
+        return ok[np.lexsort((candidates[ok], -jaccard[ok], distances[ok], ~by_id[ok], rows[ok]))]
 
     def _stored_redeliveries(
         self,
@@ -653,7 +650,7 @@ class Deduplicator:
                 found.rows[open_rows], found.entries[open_rows], found.shared[open_rows], limit, newest=False
             )
             top = open_rows[first]
-            limit *= _FIRST_VERIFIED
+            limit *= _DEEPER_EACH_ROUND
             batch = self._verified(top[~verified[top]], query, found, ids, origins, fps, times, sketches, compared)
             verified[top] = True
             passed.append(batch)

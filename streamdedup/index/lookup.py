@@ -40,9 +40,8 @@ class SearchResult:
 @dataclass(frozen=True)
 class Candidates:
     """Stored entries found for query rows, sorted by (row, entry key), each with how many tables it shares
-    with its row: a decision verifies a row's candidates sharing the most first (the newest among equals), with
-    the times and payloads :meth:`Lookup.times_and_payloads` gives, and reads the rest of a record only for the
-    few that pass."""
+    with its row: a decision verifies a row's candidates sharing the most first, on the times and payloads
+    :meth:`Lookup.times_and_payloads` gives, and reads the rest of a record only for the few that pass."""
 
     rows: np.ndarray
     entries: np.ndarray
