@@ -219,8 +219,7 @@ class _Passed:
         candidates = np.concatenate([each.candidates for each in rounds]) if rounds else np.zeros(0, np.intp)
         if not len(candidates):
             return _StoredCandidates.none()
-        entries = found.entries[candidates].astype(np.uint64)
-        order = np.lexsort((entries, -found.shared[candidates], query[candidates]))
+        order = np.lexsort((found.entries[candidates], -found.shared[candidates], query[candidates]))
         return _StoredCandidates(
             query[candidates[order]],
             np.concatenate([each.kept_after for each in rounds])[order],

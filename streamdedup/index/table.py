@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from .sorted_rows import merged_rows
+from .sorted_rows import expand_ranges, merged_rows
 
 __all__ = [
     "BIG_ENDIAN_U64",
@@ -351,11 +351,11 @@ class SortedRuns(_Table):
             with txn.cursor(self.db) as cursor:
                 found = cursor.getmulti(_chunk_keys(int(run["run"]), wanted))
             run_keys, run_values = self.split_rows(b"".join(value for _, value in found))
-            low = np.searchsorted(run_keys, keys[probed], side="left")
-            high = np.searchsorted(run_keys, keys[probed], side="right")
-            counts = high - low
-            at = np.repeat(low - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-            owners.append(np.repeat(probed, counts))
+            at, owner = expand_ranges(
+                np.searchsorted(run_keys, keys[probed], side="left"),
+                np.searchsorted(run_keys, keys[probed], side="right"),
+            )
+            owners.append(probed[owner])
             values.append(run_values[at])
         if not owners:
             return self._empty()
