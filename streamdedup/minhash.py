@@ -10,6 +10,15 @@ share their minimum with probability equal to their Jaccard index, and the k lea
 function make a cluster key that needs k shared members to match and changes rarely as members come and
 go.
 
+Two sketches are compared at :data:`SIGNIFICANT_BITS` significant bits of the larger of their largest values (a
+padded sketch's values spread over all 31 bits, so its largest counts as ``2**31 - 1``): the bits below those are
+cleared in both before they are compared. Like b-bit minwise hashing (Li and Koenig, WWW 2010), this keeps
+almost every distinction in fewer bits: the index stores each sketch at its own significant bits, 3 bytes a
+value, and an estimate against a stored sketch equals the one against the sketch it was made from. Values that
+coincide in the compared bits count as one value of the union and, each time they repeat, as one shared value,
+the estimate at most 1 (a sketch's own values rarely coincide: 3 of 200,000 sketches of natural text have such
+a pair).
+
 The Jaccard estimate between two sketches reads every value both sketches see: below the smaller of their
 largest values (a sketch padded with fewer than k values holds its whole set and sets no bound), every member
 of either set is in its sketch, so the values there are the union's own least values, and the share of them
@@ -25,12 +34,14 @@ import numpy as np
 
 from .features import IDENTITY_BITS, MAX_DOCUMENTS, FeatureBatch, mix64
 
-__all__ = ["EMPTY_SLOT", "SKETCH_BITS", "SKETCH_DTYPE", "BottomK"]
+__all__ = ["EMPTY_SLOT", "SIGNIFICANT_BITS", "SKETCH_BITS", "SKETCH_DTYPE", "BottomK", "insignificant_bits"]
 
 SKETCH_BITS = 31
 SKETCH_DTYPE = np.dtype(np.uint32)
 EMPTY_SLOT = np.uint32(2**32 - 1)
 """Pads a sketch whose document has fewer than k distinct values; never a real sketch value."""
+SIGNIFICANT_BITS = 24
+"""Bits of a sketch's largest value, and the same bits of its others, that comparisons read."""
 
 _VALUE_BITS = np.uint64(SKETCH_BITS)
 _IDENTITY_SHIFT = np.uint64(IDENTITY_BITS - SKETCH_BITS)
@@ -38,14 +49,22 @@ _MIXED_SHIFT = np.uint64(64 - SKETCH_BITS)
 _VALUE_MASK = np.uint64((1 << SKETCH_BITS) - 1)
 _MERGED_PER_BLOCK = 1 << 16
 """Merged sketch values :meth:`BottomK.jaccard` works on at a time."""
-_NO_BOUND = np.uint32(EMPTY_SLOT - 1)
-"""Above every sketch value, below the pads."""
+_NO_BOUND = np.uint32((1 << SKETCH_BITS) - 1)
+"""At or above every sketch value, below the pads with any bits cleared."""
 
 
 def _bound(sketches: np.ndarray) -> np.ndarray:
     """Each row's largest value, or :data:`_NO_BOUND` for a row padded (its whole set)."""
     last = sketches[:, -1]
     return np.where(last == EMPTY_SLOT, _NO_BOUND, last)
+
+
+def insignificant_bits(sketches: np.ndarray) -> np.ndarray:
+    """uint32 per row: how many low bits of its values lie below :data:`SIGNIFICANT_BITS` bits of its largest, a
+    padded row's largest counted as ``2**SKETCH_BITS - 1`` (its values spread over the whole range)."""
+    last = sketches[:, -1]
+    _, length = np.frexp(np.where(last == EMPTY_SLOT, _NO_BOUND, last).astype(np.float64))
+    return np.maximum(length - SIGNIFICANT_BITS, 0).astype(np.uint32)
 
 
 class BottomK:
@@ -95,19 +114,22 @@ class BottomK:
         # Counts of at most 2k per row: 16 bits hold any sketch size allowed.
         seen = np.empty(pairs, dtype=np.uint16)
         shared = np.empty(pairs, dtype=np.uint16)
+        kept = ~((np.uint32(1) << np.maximum(insignificant_bits(a), insignificant_bits(b))) - np.uint32(1))
         # Where each sketch's values stop being all of its set's: its largest value, or none for a padded one.
-        bound = np.minimum(_bound(a), _bound(b))
+        bound = np.minimum(_bound(a), _bound(b)) & kept
         for start in range(0, pairs, rows):
             stop = min(pairs, start + rows)
             block = stop - start
             merged, inside, repeated = merged_rows[:block], inside_rows[:block], repeated_rows[:block]
             np.concatenate([a[start:stop], b[start:stop]], axis=1, out=merged)
+            # Pads keep their top bit and so stay above every bound.
+            merged &= kept[start:stop, None]
             # numpy's default sort is vectorised (SIMD) for unsigned integers: several times faster here than its
             # stable sort, though that merges the two sorted runs in one pass.
             merged.sort(axis=1)
             np.less_equal(merged, bound[start:stop, None], out=inside)
-            # A value in both sketches comes twice in a row (a sketch holds each value once): compared over the
-            # whole block at once, then the comparisons across rows dropped.
+            # A value in both sketches comes twice in a row: compared over the whole block at once, then the
+            # comparisons across rows dropped.
             flat = merged.ravel()
             np.equal(flat[1:], flat[:-1], out=repeated.ravel()[1:])
             repeated[:, 0] = False
@@ -115,6 +137,8 @@ class BottomK:
             np.add.reduce(inside.view(np.uint8), axis=1, dtype=np.uint16, out=seen[start:stop])
             np.add.reduce(repeated.view(np.uint8), axis=1, dtype=np.uint16, out=shared[start:stop])
         union = seen - shared
+        # Values of one sketch that coincide in the compared bits (rare) can repeat more often than once.
+        np.minimum(shared, union, out=shared)
         return np.divide(shared, union, out=np.ones(pairs), where=union > 0)
 
     def cluster_key(self, sketch: np.ndarray) -> bytes | list[bytes]:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections import Counter
 from unittest import mock
 
 import numpy as np
@@ -42,11 +43,18 @@ def brute_force_sketch(values: set[int], k: int, seed: int | None) -> list[int]:
 
 def brute_force_jaccard(a: list[int], b: list[int], k: int) -> float:
     """The share in both sketches of the values both see: those up to the smaller of the sketches' largest
-    values, a padded sketch (its whole set) setting no bound."""
+    values, a padded sketch (its whole set) setting no bound; all compared at 24 significant bits of the larger
+    largest value (a padded sketch's counted as the largest there can be), where a value that comes more than
+    once counts once in the union and as shared at each repeat, the estimate at most 1."""
     a_set, b_set = {v for v in a if v != int(EMPTY_SLOT)}, {v for v in b if v != int(EMPTY_SLOT)}
-    bound = min((max(values) for values in (a_set, b_set) if len(values) == k), default=int(EMPTY_SLOT))
-    seen = [v for v in a_set | b_set if v <= bound]
-    return sum(1 for v in seen if v in a_set and v in b_set) / len(seen) if seen else 1.0
+    largest = (max(values) if len(values) == k else 2**SKETCH_BITS - 1 for values in (a_set, b_set))
+    cleared = max(max(0, value.bit_length() - 24) for value in largest)
+    kept = ~((1 << cleared) - 1)
+    bound = min((max(values) & kept for values in (a_set, b_set) if len(values) == k), default=int(EMPTY_SLOT))
+    both = Counter([v & kept for v in a_set] + [v & kept for v in b_set])
+    union = [v for v in both if v <= bound]
+    shared = sum(both[v] - 1 for v in union)
+    return min(shared, len(union)) / len(union) if union else 1.0
 
 
 def classic_bottom_k_jaccard(a: list[int], b: list[int], k: int) -> float:
