@@ -20,7 +20,7 @@ from typing import Literal, NamedTuple, overload
 import numpy as np
 
 from .document import Document
-from .index import STORAGE_ERRORS, Candidates, SegmentIndex, TableKeys
+from .index import SKETCH_PAYLOAD, STORAGE_ERRORS, Candidates, SegmentIndex, TableKeys
 from .index.keys import most_shared
 from .index.packed_ids import PackedIds
 from .minhash import SKETCH_DTYPE
@@ -310,6 +310,7 @@ def open_index(settings: Settings, path: Path, *, durable: bool = True) -> Segme
         segments=settings.fingerprint.segments,
         signing=signing_id(settings.fingerprint, settings.dedup),
         key_capacity=settings.dedup.key_capacity,
+        payload_kind=SKETCH_PAYLOAD,
     )
 
 

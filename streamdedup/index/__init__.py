@@ -5,9 +5,21 @@ from __future__ import annotations
 
 from .keys import TableKeys, first_copies, table_keys
 from .plan import IndexPlan, PlanError, make_plan
-from .segment import STORAGE_ERRORS, Candidates, EntryRecords, IndexStorageError, SearchResult, SegmentIndex, planned
+from .segment import (
+    BYTES_PAYLOAD,
+    SKETCH_PAYLOAD,
+    STORAGE_ERRORS,
+    Candidates,
+    EntryRecords,
+    IndexStorageError,
+    SearchResult,
+    SegmentIndex,
+    planned,
+)
 
 __all__ = [
+    "BYTES_PAYLOAD",
+    "SKETCH_PAYLOAD",
     "STORAGE_ERRORS",
     "Candidates",
     "EntryRecords",

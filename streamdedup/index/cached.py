@@ -290,13 +290,12 @@ class Cached:
     def fill_key_filter(self, txn: Any, key_filter: KeyFilter) -> None:
         """Set the bits of every stored entry's keys and id."""
         fmt = self.store.fmt
-        size = fmt.record.itemsize
         with txn.cursor(self.store.entries) as cursor:
             records = cursor.iternext(keys=False, values=True)
             while chunk := list(islice(records, _FILTER_BUILD_ROWS)):
-                head = np.frombuffer(b"".join(value[:size] for value in chunk), dtype=fmt.record)
+                head, ids = fmt.records.decode(chunk)
                 keys, _, _ = table_rows(fmt.plan, head["fp"].reshape(len(head), fmt.words).astype(np.uint64))
-                key_filter.add(keys, id_hashes(keys_of_ids([value[size:] for value in chunk])))
+                key_filter.add(keys, id_hashes(keys_of_ids(ids.encoded())))
 
     def save_key_filter(self) -> None:
         """Save a trusted key filter for the next writer to open this index, so it need not rebuild it."""

@@ -103,7 +103,7 @@ class Expiry:
             return 0
         seq_keys = seq_bytes(entries)
         self.cached.entries_removed(txn, entries)
-        id_bytes = [x.encode() for x in ids]
+        id_bytes = ids.encoded()
         id_keys = keys_of_ids(id_bytes)
         if undo is not None:
             undo.removed_seqs.append(entries)
@@ -307,13 +307,7 @@ class Expiry:
             return
         seq_keys = seq_bytes(seqs)
         with txn.cursor(self.store.entries) as cursor:
-            cursor.putmulti(
-                zip(
-                    seq_keys,
-                    map(bytes.__add__, heads.view(f"V{self.fmt.record.itemsize}").tolist(), id_bytes),
-                    strict=True,
-                )
-            )
+            cursor.putmulti(zip(seq_keys, self.fmt.records.encode(heads, id_bytes), strict=True))
         id_keys = keys_of_ids(id_bytes)
         with txn.cursor(self.store.ids) as cursor:
             cursor.putmulti(zip(id_keys, seq_keys, strict=True))

@@ -6,6 +6,9 @@ rows; format 4 had no undo records; formats 1-5 stored entry keys in tables as 8
 read as format 6 (with none staged, with fold values, with the rows layout, with nothing to undo, with 8-byte entry
 keys) and are marked 6 when opened to write: older code must not misread new indexes, nor write batches that the
 undo records would then not account for. A new entry-valued index keeps its tables as sorted runs (``table``).
+
+Formats 1-6 stored each record's head at full width; format 7 packs it (``record``). Indexes of formats 1-6 keep
+their fixed records, and are marked 7 when opened to write, like any older format.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import numpy as np
 
 from ..settings import IndexSettings
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan
+from .record import BYTES_PAYLOAD, FIXED_RECORDS, PACKED_RECORDS, RecordLayout
 from .table import TableLayout
 
 __all__ = ["ENTRY_KEY_BYTES", "ENTRY_VALUES", "FOLD_VALUES", "FORMAT_VERSION", "IndexFormat", "planned"]
 
-FORMAT_VERSION = 6
-_READABLE_FORMATS = (1, 2, 3, 4, 5, 6)
+FORMAT_VERSION = 7
+_READABLE_FORMATS = (1, 2, 3, 4, 5, 6, 7)
 _META_FORMAT = b"format"
 FOLD_VALUES, ENTRY_VALUES = "folds", "entries"
 ENTRY_KEY_BYTES = 6
@@ -48,6 +52,9 @@ class IndexFormat:
     table_layout: TableLayout
     entry_key_bytes: int
     """Bytes of each entry key an entry-valued table stores."""
+    record_layout: str
+    payload_kind: str
+    """What payloads hold: bytes stored as given, or bottom-k sketches (see ``record``)."""
 
     @classmethod
     def opened(
@@ -66,6 +73,7 @@ class IndexFormat:
         max_tables: int,
         time_bucket: float,
         signing: str | None,
+        payload_kind: str = BYTES_PAYLOAD,
     ) -> IndexFormat:
         """The format stored at ``meta`` (recorded from these arguments in a new index), checked against them;
         ``read`` begins a read transaction of ``env``."""
@@ -88,6 +96,8 @@ class IndexFormat:
                 "table_layout": "runs" if entry_valued else "buckets",
                 "entry_key_bytes": ENTRY_KEY_BYTES,
                 "signing": signing,
+                "records": PACKED_RECORDS,
+                "payload": payload_kind,
             }
             with env.begin(write=True) as txn:
                 txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=meta)
@@ -108,6 +118,8 @@ class IndexFormat:
             fmt.get("table_values", FOLD_VALUES) == ENTRY_VALUES,
             fmt.get("table_layout", "rows"),
             int(fmt.get("entry_key_bytes", 8)),
+            fmt.get("records", FIXED_RECORDS),
+            fmt.get("payload", BYTES_PAYLOAD),
         )
         opened.check_compatible(path, bits, radius, payload_bytes, plan, signing)
         return opened
@@ -168,6 +180,11 @@ class IndexFormat:
                 ("payload", "u1", (self.payload_bytes,)),
             ]
         )
+
+    @cached_property
+    def records(self) -> RecordLayout:
+        """How records of :attr:`record` heads are laid out in LMDB."""
+        return RecordLayout(self.record, self.record_layout, self.payload_kind)
 
     @cached_property
     def key_bytes(self) -> list[int]:

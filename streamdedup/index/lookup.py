@@ -186,7 +186,7 @@ class Lookup:
 
     def _times_and_payloads(self, txn: Any, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Of these entry keys (ascending, distinct), those stored, with their event times and payloads."""
-        held, _, head = self._stored(txn, entries)
+        held, head, _ = self._stored(txn, entries)
         return held, head["time"].astype(np.float64), head["payload"].reshape(len(head), self.fmt.payload_bytes)
 
     def _found(
@@ -311,30 +311,22 @@ class Lookup:
         with txn.cursor(self.store.ids) as cursor:
             return cursor.getmulti(id_keys)
 
-    def _stored(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, list[bytes], np.ndarray]:
-        """Of these entry keys (ascending, distinct), those stored, their raw records, and the records' heads."""
+    def _stored(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
+        """Of these entry keys (ascending, distinct), those stored, with their records' heads and ids."""
         with txn.cursor(self.store.entries) as cursor:
             found = cursor.getmulti(seq_bytes(seqs))
-        values = list(map(itemgetter(1), found))
         # Every key found (the usual case): the entries are the keys asked for.
         entries = (
             seqs
-            if len(values) == len(seqs)
+            if len(found) == len(seqs)
             else np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=U64).astype(np.uint64)
         )
-        # Heads joined in one pass of C (map with itemgetter), not sliced record by record.
-        size = self.fmt.record.itemsize
-        head = np.frombuffer(b"".join(map(itemgetter(slice(None, size)), values)), dtype=self.fmt.record)
-        return entries, values, head
+        head, ids = self.fmt.records.decode(list(map(itemgetter(1), found)))
+        return entries, head, ids
 
     def fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
-        """Raw records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
-        entries, values, head = self._stored(txn, np.unique(np.asarray(seqs, dtype=np.uint64)))
-        # Ids joined in one pass too; they stay bytes until read.
-        size = self.fmt.record.itemsize
-        id_lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values)) - size
-        stops = np.cumsum(id_lengths)
-        return entries, head, PackedIds(b"".join(map(itemgetter(slice(size, None)), values)), stops - id_lengths, stops)
+        """Records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
+        return self._stored(txn, np.unique(np.asarray(seqs, dtype=np.uint64)))
 
     def records(self, txn: Any, seqs: np.ndarray) -> EntryRecords:
         """Records of the given entry keys, sorted by key (missing keys skipped)."""

@@ -43,6 +43,10 @@ class PackedIds(Sequence[str]):
         starts, stops = self._starts.tolist(), self._stops.tolist()
         return (buffer[start:stop].decode() for start, stop in zip(starts, stops, strict=True))
 
+    def encoded(self) -> list[bytes]:
+        """Each id's UTF-8 bytes, as stored."""
+        return list(map(self._buffer.__getitem__, map(slice, self._starts.tolist(), self._stops.tolist())))
+
     def take(self, order: np.ndarray) -> PackedIds:
         """The ids at these positions, in this order, without decoding any."""
         return PackedIds(self._buffer, self._starts[order], self._stops[order])

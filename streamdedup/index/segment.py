@@ -69,12 +69,15 @@ from .keys import TableKeys
 from .lookup import Candidates, EntryRecords, Lookup, SearchResult
 from .mirror import RecordCache
 from .plan import IndexPlan, PlanError
+from .record import BYTES_PAYLOAD, SKETCH_PAYLOAD
 from .staging import Staging
 from .store import META_COUNT, U64, IndexStorageError, Store, bucket_start, keys_of_ids, open_db
 from .undo import UndoRecords
 from .writes import Batch, Writes
 
 __all__ = [
+    "BYTES_PAYLOAD",
+    "SKETCH_PAYLOAD",
     "STORAGE_ERRORS",
     "Candidates",
     "EntryRecords",
@@ -114,6 +117,7 @@ class SegmentIndex:
         mirror_bytes: int = 320 << 20,
         signing: str | None = None,
         key_capacity: int | None = None,
+        payload_kind: str = BYTES_PAYLOAD,
     ) -> None:
         self.path = Path(path)
         self.key_capacity = key_capacity
@@ -154,6 +158,7 @@ class SegmentIndex:
                 max_tables=max_tables,
                 time_bucket=time_bucket,
                 signing=signing,
+                payload_kind=payload_kind,
             )
             self.plan = fmt.plan
             self.payload_bytes = fmt.payload_bytes
@@ -179,6 +184,7 @@ class SegmentIndex:
         segments: int = 1,
         signing: str | None = None,
         key_capacity: int | None = None,
+        payload_kind: str = BYTES_PAYLOAD,
     ) -> SegmentIndex:
         """The index an ``index:`` config section describes (at ``settings.path`` unless ``path`` is given);
         ``segments`` > 1 (a segmented fingerprint) takes one table per segment. ``signing`` names how fingerprints
@@ -205,6 +211,7 @@ class SegmentIndex:
             mirror_bytes=settings.mirror_bytes,
             signing=signing,
             key_capacity=key_capacity,
+            payload_kind=payload_kind,
         )
 
     # ----------------------------------------------------------------- opening
@@ -472,6 +479,7 @@ class SegmentIndex:
             "plan": self.plan.describe(),
             "table_values": self.fmt.table_values,
             "table_layout": self.fmt.table_layout,
+            "record_layout": self.fmt.record_layout,
             "payload_bytes": self.payload_bytes,
             # How the stored fingerprints and payloads were made (None: not recorded, an older index).
             "signing": self.signing,

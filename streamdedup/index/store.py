@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import names
 from .format import IndexFormat
+from .record import NO_TOPIC
 from .table import BIG_ENDIAN_U64 as U64
 from .table import DuplicateRows, PackedBuckets, SortedRuns, table_class
 
@@ -30,7 +31,6 @@ __all__ = [
     "seq_bytes",
 ]
 
-NO_TOPIC = 0xFFFFFFFF
 MAX_ID_KEY_BYTES = 480  # LMDB keys stop at 511 bytes; longer ids are keyed by their BLAKE2b digest.
 # An id key's length and first bytes are what its hash mixes: ids that share them share a key filter bit, no more.
 _ID_HASHED_BYTES = 64

@@ -223,9 +223,8 @@ class Writes:
             with txn.cursor(self.store.origins) as cursor:
                 cursor.putmulti(zip(origin_keys(head[rows]), present_keys, strict=True))
         self.cached.entries_added(seqs, times, head["payload"].reshape(n, self.fmt.payload_bytes))
-        heads = head.view(f"V{self.fmt.record.itemsize}").tolist()
         with txn.cursor(self.store.entries) as cursor:
-            cursor.putmulti(zip(seq_keys, map(bytes.__add__, heads, batch.id_bytes), strict=True), append=True)
+            cursor.putmulti(zip(seq_keys, self.fmt.records.encode(head, batch.id_bytes), strict=True), append=True)
         with txn.cursor(self.store.ids) as cursor:
             cursor.putmulti(zip(id_keys, seq_keys, strict=True))
         batch_keys = batch.keys

@@ -658,16 +658,23 @@ def test_a_lookup_reaching_lmdb_that_matches_no_merged_and_no_staged_row_finds_n
 
 
 @pytest.mark.parametrize(
-    ("table_values", "table_layout", "entry_key_bytes"),
-    [("entries", "runs", 6), ("entries", "rows", None), ("folds", "rows", 6), ("folds", "buckets", 6)],
+    ("table_values", "table_layout", "entry_key_bytes", "records"),
+    [
+        ("entries", "runs", 6, "packed"),
+        ("entries", "runs", 6, None),
+        ("entries", "rows", None, None),
+        ("folds", "rows", 6, None),
+        ("folds", "buckets", 6, None),
+    ],
 )
 def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_removals(
-    tmp_path: Path, table_values: str, table_layout: str, entry_key_bytes: int | None
+    tmp_path: Path, table_values: str, table_layout: str, entry_key_bytes: int | None, records: str | None
 ) -> None:
     # A new wide index without a radius keys its tables to entries (6 bytes each, in sorted runs; formats up to 5
-    # wrote 8 in dupsort rows); one written by format 2 holds folds (shared by entries with equal fingerprints) in
-    # dupsort rows and must go on working; folds packed in buckets are what a fold-valued index is given from
-    # format 4 on, here through the same adds and removals.
+    # wrote 8 in dupsort rows) and packs its records (formats up to 6 wrote them at full width); one written by
+    # format 2 holds folds (shared by entries with equal fingerprints) in dupsort rows and must go on working;
+    # folds packed in buckets are what a fold-valued index is given from format 4 on, here through the same adds
+    # and removals.
     from streamdedup.index.plan import make_segment_plan
 
     rng = np.random.default_rng(12)
@@ -691,6 +698,7 @@ def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_re
         table_values=table_values,
         table_layout=table_layout,
         entry_key_bytes=entry_key_bytes,
+        records=records,
     )
 
     def expected(alive: np.ndarray) -> list[list[str]]:
@@ -699,6 +707,7 @@ def test_segment_tables_of_entries_and_of_folds_answer_alike_through_adds_and_re
 
     with SegmentIndex(path, None, None, payload_bytes=None) as index:
         assert (index.stats()["table_values"], index.stats()["table_layout"]) == (table_values, table_layout)
+        assert index.stats()["record_layout"] == (records or "fixed")
         for start in range(0, len(stored), 80):
             index.add(ids[start : start + 80], stored[start : start + 80])
         assert [sorted(i for i, _ in hits) for hits in index.query(stored)] == expected(np.arange(len(stored)))
