@@ -677,7 +677,7 @@ class Deduplicator:
         jaccard = self.sketcher.jaccard(sketches[query[candidates]], payloads.view(SKETCH_DTYPE))
         # Most candidates fail: only those that pass have their records read.
         passing = np.flatnonzero(self._accepts(jaccard) & self._fresh(candidate_times, times[query[candidates]]))
-        present, records = self.index.records_of(found.entries[candidates[passing]])
+        present, records = self.index.records_of(found.entries[candidates[passing]], payloads=False)
         passing = passing[present]
         candidates, jaccard = candidates[passing], jaccard[passing]
         rows = query[candidates]

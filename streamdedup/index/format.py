@@ -2,13 +2,11 @@
 caller's settings are compatible with an index that exists.
 
 Format 1 had no staged rows; format 2 stored folds in every plan's tables; formats 1-3 kept every table as dupsort
-rows; format 4 had no undo records; formats 1-5 stored entry keys in tables as 8 bytes, in the rows layout. All
-read as format 6 (with none staged, with fold values, with the rows layout, with nothing to undo, with 8-byte entry
-keys) and are marked 6 when opened to write: older code must not misread new indexes, nor write batches that the
-undo records would then not account for. A new entry-valued index keeps its tables as sorted runs (``table``).
-
-Formats 1-6 stored each record's head at full width; format 7 packs it (``record``). Indexes of formats 1-6 keep
-their fixed records, and are marked 7 when opened to write, like any older format.
+rows; format 4 had no undo records; formats 1-5 stored entry keys in tables as 8 bytes, in the rows layout; formats
+1-6 stored each record at full width. All read as format 7 (with none staged, with fold values, with the rows
+layout, with nothing to undo, with 8-byte entry keys, with fixed records) and are marked 7 when opened to write:
+older code must not misread new indexes, nor write batches that the undo records would then not account for. A
+new entry-valued index keeps its tables as sorted runs (``table``) and packs its records (``record``).
 """
 
 from __future__ import annotations

@@ -311,8 +311,9 @@ class Lookup:
         with txn.cursor(self.store.ids) as cursor:
             return cursor.getmulti(id_keys)
 
-    def _stored(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
-        """Of these entry keys (ascending, distinct), those stored, with their records' heads and ids."""
+    def _stored(self, txn: Any, seqs: np.ndarray, *, payloads: bool = True) -> tuple[np.ndarray, np.ndarray, PackedIds]:
+        """Of these entry keys (ascending, distinct), those stored, with their records' heads and ids (see
+        ``RecordLayout.decode`` for ``payloads``)."""
         with txn.cursor(self.store.entries) as cursor:
             found = cursor.getmulti(seq_bytes(seqs))
         # Every key found (the usual case): the entries are the keys asked for.
@@ -321,16 +322,17 @@ class Lookup:
             if len(found) == len(seqs)
             else np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=U64).astype(np.uint64)
         )
-        head, ids = self.fmt.records.decode(list(map(itemgetter(1), found)))
+        head, ids = self.fmt.records.decode(list(map(itemgetter(1), found)), payloads=payloads)
         return entries, head, ids
 
     def fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
         """Records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
         return self._stored(txn, np.unique(np.asarray(seqs, dtype=np.uint64)))
 
-    def records(self, txn: Any, seqs: np.ndarray) -> EntryRecords:
-        """Records of the given entry keys, sorted by key (missing keys skipped)."""
-        entries, head, ids = self.fetch(txn, seqs)
+    def records(self, txn: Any, seqs: np.ndarray, *, payloads: bool = True) -> EntryRecords:
+        """Records of the given entry keys, sorted by key (missing keys skipped); with ``payloads=False`` their
+        payloads are not read (an empty column)."""
+        entries, head, ids = self._stored(txn, np.unique(np.asarray(seqs, dtype=np.uint64)), payloads=payloads)
         topics = self.store.topic_names(txn) if len(head) and (head["topic"] != NO_TOPIC).any() else {}
         origin_rows = np.empty(len(head), dtype=_ORIGIN)
         for name in ("topic", "partition", "offset"):
@@ -340,15 +342,17 @@ class Lookup:
             ids,
             head["fp"].reshape(len(head), self.fmt.words).astype(np.uint64),
             head["time"].astype(np.float64),
-            head["payload"].reshape(len(head), self.fmt.payload_bytes).copy(),
+            head["payload"]
+            .reshape(len(head), self.fmt.payload_bytes)[:, : self.fmt.payload_bytes if payloads else 0]
+            .copy(),
             origin_rows,
             topics,
         )
 
-    def records_of(self, txn: Any, entries: np.ndarray) -> tuple[np.ndarray, EntryRecords]:
+    def records_of(self, txn: Any, entries: np.ndarray, *, payloads: bool = True) -> tuple[np.ndarray, EntryRecords]:
         """The records of these entry keys: the position in ``entries`` of each one still stored (ascending),
-        and its record, row for row."""
-        records = self.records(txn, entries)
+        and its record, row for row (see ``records`` for ``payloads``)."""
+        records = self.records(txn, entries, payloads=payloads)
         slot, present = _located(records, entries)
         return np.flatnonzero(present), _reordered(records, slot[present])
 

@@ -99,8 +99,9 @@ class RecordLayout:
         heads_bytes = map(buffer.__getitem__, map(slice, (stops - lengths).tolist(), stops.tolist()))
         return list(map(bytes.__add__, heads_bytes, id_bytes))
 
-    def decode(self, records: Sequence[bytes]) -> tuple[np.ndarray, PackedIds]:
-        """The heads and ids of these records, in their order."""
+    def decode(self, records: Sequence[bytes], *, payloads: bool = True) -> tuple[np.ndarray, PackedIds]:
+        """The heads and ids of these records, in their order; ``payloads=False`` leaves packed payloads zero
+        (unread)."""
         n = len(records)
         buffer = b"".join(records)
         lengths = np.fromiter(map(len, records), dtype=np.int64, count=n)
@@ -129,8 +130,9 @@ class RecordLayout:
         lanes[nonzero] = compact[_leading(lane_counts, self.lanes)]
         heads["fp"] = lanes.view("<u8")
         at += lane_counts * _LANE.itemsize
-        heads["payload"], payload_lengths = self._read_payloads(flat, at, prefix)
-        return heads, PackedIds(buffer, at + payload_lengths, stops)
+        if payloads:
+            heads["payload"] = self._read_payloads(flat, at, prefix)
+        return heads, PackedIds(buffer, at + self._payload_lengths(prefix), stops)
 
     @cached_property
     def _sketch_slots(self) -> int:
@@ -165,17 +167,20 @@ class RecordLayout:
         kept[:, : self._sketch_slots] = sketches >> cleared[:, None]
         return _three_bytes_each(kept), values * _SKETCH_VALUE_BYTES
 
-    def _read_payloads(self, flat: np.ndarray, at: np.ndarray, prefix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The payloads of records whose payload starts at ``at``, and how many bytes each took."""
-        n = len(at)
+    def _payload_lengths(self, prefix: np.ndarray) -> np.ndarray:
         if self.payload == BYTES_PAYLOAD:
-            return _rows_at(flat, at, self.payload_bytes), np.full(n, self.payload_bytes)
+            return np.full(len(prefix), self.payload_bytes)
+        return prefix["values"].astype(np.int64) * _SKETCH_VALUE_BYTES
+
+    def _read_payloads(self, flat: np.ndarray, at: np.ndarray, prefix: np.ndarray) -> np.ndarray:
+        """The payloads of records whose payload starts at ``at``."""
+        if self.payload == BYTES_PAYLOAD:
+            return _rows_at(flat, at, self.payload_bytes)
         k = self._sketch_slots
-        values = prefix["values"].astype(np.int64)
         stored = _rows_at(flat, at, self._sketch_slots_stored * _SKETCH_VALUE_BYTES)
         sketches = _from_three_bytes_each(stored)[:, :k] << prefix["cleared"].astype(np.uint32)[:, None]
-        sketches[~_leading(values, k)] = EMPTY_SLOT
-        return sketches.view(np.uint8), values * _SKETCH_VALUE_BYTES
+        sketches[~_leading(prefix["values"], k)] = EMPTY_SLOT
+        return sketches.view(np.uint8)
 
 
 def _origins(heads: np.ndarray) -> np.ndarray:

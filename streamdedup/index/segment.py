@@ -315,11 +315,11 @@ class SegmentIndex:
         with self._read() as txn:
             return self._lookup.times_and_payloads(txn, np.asarray(entries, dtype=np.uint64))
 
-    def records_of(self, entries: np.ndarray) -> tuple[np.ndarray, EntryRecords]:
+    def records_of(self, entries: np.ndarray, *, payloads: bool = True) -> tuple[np.ndarray, EntryRecords]:
         """The records of these entry keys: the position in ``entries`` of each one still stored (ascending),
-        and its record, row for row."""
+        and its record, row for row; with ``payloads=False`` the payloads are not read (an empty column)."""
         with self._read() as txn:
-            return self._lookup.records_of(txn, np.asarray(entries, dtype=np.uint64))
+            return self._lookup.records_of(txn, np.asarray(entries, dtype=np.uint64), payloads=payloads)
 
     def entries_with_ids(self, ids: Sequence[str]) -> tuple[np.ndarray, EntryRecords]:
         """The stored entries of these ids: the position in ``ids`` of each one found (ascending), and its

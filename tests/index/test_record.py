@@ -114,6 +114,11 @@ def test_packed_sketches_keep_their_significant_bits_and_every_estimate(seed: in
     assert sizes == (16 + origin + 4 * lanes + 3 * real.sum(axis=1) + [len(x) for x in ids]).tolist()
     # Stored again as read (an undone removal), a record is the same bytes.
     assert records.encode(decoded, [x.encode() for x in ids]) == encoded
+    # Read without payloads, the rest is the same.
+    bare, bare_ids = records.decode(encoded, payloads=False)
+    assert list(bare_ids) == ids
+    for name in ("fp", "time", "topic", "partition", "offset"):
+        assert bare[name].tobytes() == heads[name].tobytes()
 
 
 def test_a_sketch_payload_must_be_sketch_values_and_then_pads() -> None:

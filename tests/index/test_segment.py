@@ -872,6 +872,11 @@ def test_records_of_a_search_come_row_for_row(tmp_path: Path) -> None:
         assert records.times.tolist() == [3.0, 9.0, 9.0]
         assert records.payloads.tolist() == [[3, 7], [9, 7], [9, 7]]
         assert [[(i, d)] for i, d in zip(records.ids, result.distances.tolist(), strict=True)] == index.query(queries)
+        # Without their payloads, the same records.
+        present, bare = index.records_of(result.entries, payloads=False)
+        assert present.tolist() == [0, 1, 2] and bare.payloads.shape == (3, 0)
+        assert (bare.ids, bare.times.tolist(), bare.origins) == (records.ids, records.times.tolist(), records.origins)
+        assert (bare.fingerprints == records.fingerprints).all()
 
 
 def test_stats_count_the_rows_still_staged(tmp_path: Path) -> None:
