@@ -16,8 +16,10 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..minhash import SKETCH_DTYPE
 from ..settings import Settings
 from ..signature import signing_id
+from .record import BYTES_PAYLOAD, SKETCH_PAYLOAD
 from .segment import SegmentIndex
 
 __all__ = ["ACTIONS", "parse_fingerprints", "run_index_command"]
@@ -96,6 +98,8 @@ def _import(path: Path, settings: Settings, records: Iterable[dict[str, Any]]) -
             f"the dump holds {bits}-bit fingerprints but the config's fingerprint.width is {settings.fingerprint.width}"
         )
     payload_bytes = len(first[0]["payload"]) // 2
+    # A dump of the decision core's index holds its sketches: stored packed, as that index stores them.
+    sketches = payload_bytes == settings.dedup.sketch_size * SKETCH_DTYPE.itemsize
     added = 0
     with SegmentIndex.from_settings(
         settings.index,
@@ -105,6 +109,7 @@ def _import(path: Path, settings: Settings, records: Iterable[dict[str, Any]]) -
         segments=settings.fingerprint.segments,
         signing=signing_id(settings.fingerprint, settings.dedup),
         key_capacity=settings.dedup.key_capacity,
+        payload_kind=SKETCH_PAYLOAD if sketches else BYTES_PAYLOAD,
     ) as index:
         for chunk in chain([first], batches):
             index.add(

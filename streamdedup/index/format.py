@@ -23,7 +23,7 @@ import numpy as np
 
 from ..settings import IndexSettings
 from .plan import IndexPlan, PlanError, make_plan, make_segment_plan
-from .record import BYTES_PAYLOAD, FIXED_RECORDS, PACKED_RECORDS, RecordLayout
+from .record import BYTES_PAYLOAD, FIXED_RECORDS, PACKED_RECORDS, PAYLOAD_KINDS, RecordLayout
 from .table import TableLayout
 
 __all__ = ["ENTRY_KEY_BYTES", "ENTRY_VALUES", "FOLD_VALUES", "FORMAT_VERSION", "IndexFormat", "planned"]
@@ -75,6 +75,8 @@ class IndexFormat:
     ) -> IndexFormat:
         """The format stored at ``meta`` (recorded from these arguments in a new index), checked against them;
         ``read`` begins a read transaction of ``env``."""
+        if payload_kind not in PAYLOAD_KINDS:
+            raise ValueError(f"payload_kind must be one of {PAYLOAD_KINDS}, got {payload_kind!r}")
         with read() as txn:
             stored = txn.get(_META_FORMAT, db=meta) if meta is not None else None
         if stored is None:

@@ -337,14 +337,13 @@ class Lookup:
         origin_rows = np.empty(len(head), dtype=_ORIGIN)
         for name in ("topic", "partition", "offset"):
             origin_rows[name] = head[name]
+        payload_column = head["payload"].reshape(len(head), self.fmt.payload_bytes)
         return EntryRecords(
             entries,
             ids,
             head["fp"].reshape(len(head), self.fmt.words).astype(np.uint64),
             head["time"].astype(np.float64),
-            head["payload"]
-            .reshape(len(head), self.fmt.payload_bytes)[:, : self.fmt.payload_bytes if payloads else 0]
-            .copy(),
+            (payload_column if payloads else payload_column[:, :0]).copy(),
             origin_rows,
             topics,
         )

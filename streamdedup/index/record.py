@@ -26,12 +26,21 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..minhash import EMPTY_SLOT, SKETCH_BITS, insignificant_bits
 from .packed_ids import PackedIds
 
-__all__ = ["BYTES_PAYLOAD", "FIXED_RECORDS", "NO_TOPIC", "PACKED_RECORDS", "SKETCH_PAYLOAD", "RecordLayout"]
+__all__ = [
+    "BYTES_PAYLOAD",
+    "FIXED_RECORDS",
+    "NO_TOPIC",
+    "PACKED_RECORDS",
+    "PAYLOAD_KINDS",
+    "SKETCH_PAYLOAD",
+    "RecordLayout",
+]
 
 NO_TOPIC = 0xFFFFFFFF
 """The topic of an entry without an origin (stored by the offline mode)."""
 FIXED_RECORDS, PACKED_RECORDS = "fixed", "packed"
 BYTES_PAYLOAD, SKETCH_PAYLOAD = "bytes", "bottom-k"
+PAYLOAD_KINDS = (BYTES_PAYLOAD, SKETCH_PAYLOAD)
 _LANE = np.dtype("<u4")
 _ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
 _HAS_ORIGIN = np.uint8(1)
@@ -44,7 +53,7 @@ class RecordLayout:
     def __init__(self, head: np.dtype, layout: str, payload: str) -> None:
         if layout not in (FIXED_RECORDS, PACKED_RECORDS):
             raise ValueError(f"unknown record layout {layout!r}")
-        if payload not in (BYTES_PAYLOAD, SKETCH_PAYLOAD):
+        if payload not in PAYLOAD_KINDS:
             raise ValueError(f"unknown payload kind {payload!r}")
         self.head = head
         self.layout = layout

@@ -480,6 +480,7 @@ class SegmentIndex:
             "table_values": self.fmt.table_values,
             "table_layout": self.fmt.table_layout,
             "record_layout": self.fmt.record_layout,
+            "payload_kind": self.fmt.payload_kind,
             "payload_bytes": self.payload_bytes,
             # How the stored fingerprints and payloads were made (None: not recorded, an older index).
             "signing": self.signing,

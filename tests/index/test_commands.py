@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from streamdedup.cli import main as cli_main
-from streamdedup.index import SegmentIndex
+from streamdedup.index import SKETCH_PAYLOAD, SegmentIndex
 from streamdedup.index.commands import parse_fingerprints, run_index_command
+from streamdedup.minhash import EMPTY_SLOT
 from streamdedup.settings import Settings
 
 
@@ -76,6 +77,23 @@ def test_export_then_import_rebuilds_an_equal_index(filled: tuple[Path, np.ndarr
     assert _run("export", copy) == dump.read_text()
     with SegmentIndex(copy, 128, 3, payload_bytes=3) as index:
         assert index.query(fps[:2] ^ np.uint64(1)) == [[("id0", 2)], [("id1", 2)]]
+
+
+def test_a_dump_of_sketches_imports_into_packed_sketches(tmp_path: Path) -> None:
+    # The decision core's payloads are bottom-k sketches of dedup.sketch_size values: the import stores them
+    # packed, and exports them again unchanged.
+    rng = np.random.default_rng(2)
+    fps = rng.integers(0, 2**64 - 1, size=(50, 2), dtype=np.uint64, endpoint=True)
+    sketches = np.sort(rng.integers(0, 2**31, size=(50, 64), dtype=np.uint32), axis=1)
+    sketches[::3, 40:] = EMPTY_SLOT
+    with SegmentIndex(tmp_path / "source", 128, 3, payload_bytes=256, payload_kind=SKETCH_PAYLOAD) as index:
+        index.add([f"s{i}" for i in range(50)], fps, payloads=list(map(bytes, sketches.view(np.uint8))))
+    dump = tmp_path / "dump.jsonl"
+    _run("export", tmp_path / "source", target=dump)
+    assert json.loads(_run("import", tmp_path / "copy", source=dump)) == {"imported": 50}
+    assert _run("export", tmp_path / "copy") == dump.read_text()
+    stats = json.loads(_run("stats", tmp_path / "copy"))
+    assert (stats["record_layout"], stats["payload_kind"]) == ("packed", SKETCH_PAYLOAD)
 
 
 def test_compact_keeps_every_entry(filled: tuple[Path, np.ndarray]) -> None:

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamdedup.features import FeatureBatch, mix64
+from streamdedup.index import SegmentIndex
 from streamdedup.index.record import (
     BYTES_PAYLOAD,
     FIXED_RECORDS,
@@ -132,3 +135,10 @@ def test_a_sketch_payload_must_be_sketch_values_and_then_pads() -> None:
         RecordLayout(head_dtype(1, 6), PACKED_RECORDS, SKETCH_PAYLOAD)
     with pytest.raises(ValueError, match="unknown record layout"):
         RecordLayout(head_dtype(1, 8), "zipped", SKETCH_PAYLOAD)
+
+
+def test_an_unknown_payload_kind_is_refused_and_records_nothing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="payload_kind must be one of"):
+        SegmentIndex(tmp_path / "idx", 64, 3, payload_bytes=8, payload_kind="zipped")
+    with SegmentIndex(tmp_path / "idx", 64, 3, payload_bytes=8) as index:
+        assert (index.stats()["payload_kind"], index.stats()["record_layout"]) == (BYTES_PAYLOAD, PACKED_RECORDS)
