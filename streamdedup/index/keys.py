@@ -140,18 +140,27 @@ class TableKeys:
         total = int(later_count.sum())
         if not total:
             return none
-        first = np.repeat(positions, later_count)
-        step = np.arange(total) - np.repeat(np.cumsum(later_count) - later_count, later_count) + 1
-        a, b = rows[first], rows[first + step]
+        # The pairs outnumber the positions many times over on hot keys: 32-bit indices halve their traffic.
+        index = np.dtype(np.int32 if total + len(rows) < 1 << 31 else np.intp)
+        first = np.repeat(positions.astype(index), later_count)
+        step = np.arange(1, total + 1, dtype=index) - np.repeat(
+            (np.cumsum(later_count) - later_count).astype(index), later_count
+        )
+        a, b = rows.astype(index)[first], rows.astype(index)[first + step]
         # A pair found through several tables counts once: (later, earlier) packed in one word, one sort, which
-        # also groups each later row's candidates for the ranking.
-        packed = np.maximum(a, b).astype(np.uint64) * np.uint64(n) + np.minimum(a, b).astype(np.uint64)
-        pairs, shared = np.unique(packed, return_counts=True)
-        later, earlier = (pairs // np.uint64(n)).astype(np.intp), (pairs % np.uint64(n)).astype(np.intp)
+        # also groups each later row's candidates for the ranking. The lowest bit is clear for a pair through the
+        # first row of a key's run, so such a pair's first word tells. 32-bit words where they fit sort faster.
+        word = np.dtype(np.uint32 if 2 * n * n <= 1 << 32 else np.uint64)
+        packed = np.maximum(a, b).astype(word) * word.type(2 * n) + np.minimum(a, b).astype(word) * word.type(2)
+        packed |= (rank[first] != 0).astype(word)
+        packed.sort()
+        pair_words = packed >> word.type(1)
+        starts = np.flatnonzero(np.concatenate([[True], pair_words[1:] != pair_words[:-1]]))
+        shared = np.diff(np.append(starts, len(packed)))
+        pairs = pair_words[starts]
+        later, earlier = (pairs // word.type(n)).astype(np.intp), (pairs % word.type(n)).astype(np.intp)
         if max_candidates is not None:
-            # The pairs through the first row of a key's run, found among the sorted distinct pairs.
-            chosen = np.zeros(len(pairs), dtype=bool)
-            chosen[np.searchsorted(pairs, packed[rank[first] == 0])] = True
+            chosen = (packed[starts] & word.type(1)) == 0
             chosen[most_shared(later, earlier, shared, max_candidates)] = True
             chosen &= self.well_shared(later, shared)
             earlier, later = earlier[chosen], later[chosen]
@@ -216,17 +225,18 @@ def _most_shared_grouped(
 
 
 def packed(columns: list[np.ndarray]) -> tuple[np.ndarray, list[int]] | None:
-    """Columns of non-negative integers packed into one uint64 per row, the first column in the highest bits, and
-    each column's width: sorting the words orders the rows as ``np.lexsort`` of the reversed columns would, in
-    one vectorised sort of one key (an order of magnitude faster). None when the columns need more than 64 bits.
-    """
+    """Columns of non-negative integers packed into one word per row (uint32 where they fit, which sorts faster,
+    else uint64), the first column in the highest bits, and each column's width: sorting the words orders the
+    rows as ``np.lexsort`` of the reversed columns would, in one vectorised sort of one key (an order of magnitude
+    faster). None when the columns need more than 64 bits."""
     widths = [max(1, int(column.max()).bit_length()) for column in columns]
     if sum(widths) > 64:
         return None
-    word = np.zeros(len(columns[0]), dtype=np.uint64)
+    unsigned = np.dtype(np.uint32 if sum(widths) <= 32 else np.uint64)
+    word = np.zeros(len(columns[0]), dtype=unsigned)
     for column, width in zip(columns, widths, strict=True):
-        word <<= np.uint64(width)
-        word |= column.astype(np.uint64)
+        word <<= unsigned.type(width)
+        word |= column.astype(unsigned)
     return word, widths
 
 

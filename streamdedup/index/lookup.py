@@ -398,7 +398,8 @@ def _distinct_pairs(rows: np.ndarray, named: np.ndarray) -> tuple[np.ndarray, np
     if word is not None:
         pairs, shared = np.unique(word[0], return_counts=True)
         named_bits = word[1][1]
-        return (pairs >> np.uint64(named_bits)).astype(np.int64), pairs & np.uint64((1 << named_bits) - 1), shared
+        rows_of = (pairs >> pairs.dtype.type(named_bits)).astype(np.int64)
+        return rows_of, (pairs & pairs.dtype.type((1 << named_bits) - 1)).astype(np.uint64), shared
     order = np.lexsort((named, rows))
     rows, named = rows[order], named[order]
     first = np.concatenate([[True], (rows[1:] != rows[:-1]) | (named[1:] != named[:-1])])

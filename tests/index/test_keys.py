@@ -126,6 +126,19 @@ def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(
     assert np.array_equal(np.lexsort((later, earlier)), np.arange(len(earlier)))
 
 
+def test_pairs_of_a_batch_past_32_bit_pair_words() -> None:
+    # 65,537 rows: (later, earlier) no longer fits a 32-bit word. Random 64-bit fingerprints share no key; three
+    # copies of one (the last rows among them) and a near one are the pairs.
+    plan = PLANS["exact-64"]
+    n = (1 << 16) + 1
+    fps = np.random.default_rng(21).integers(0, 2**64 - 1, size=(n, 1), dtype=np.uint64, endpoint=True)
+    fps[[70, n - 2, n - 1]] = fps[70]
+    fps[n - 3] = fps[70] ^ np.uint64(0b101)
+    earlier, later, distances = table_keys(plan, fps).pairs(fps)
+    expected = [(70, n - 3, 2), (70, n - 2, 0), (70, n - 1, 0), (n - 3, n - 2, 2), (n - 3, n - 1, 2), (n - 2, n - 1, 0)]
+    assert list(zip(earlier.tolist(), later.tolist(), distances.tolist(), strict=True)) == expected
+
+
 def test_the_index_refuses_keys_of_another_plan(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     fps = _fingerprints(PLANS["exact-64"], 50, rng)
@@ -149,6 +162,11 @@ def test_packed_columns_sort_as_lexsort_does_and_refuse_what_does_not_fit() -> N
     assert widths == [11, 6, 40]
     assert np.array_equal(np.argsort(word, kind="stable"), np.lexsort((named, shared, rows)))
     assert packed([rows, named.astype(np.uint64) << np.uint64(20)]) is None
+    # Columns of 32 bits or fewer pack into 32-bit words.
+    narrow = packed([rows, shared, named % 2**15])
+    assert narrow is not None and narrow[0].dtype == np.uint32 and narrow[1] == [11, 6, 15]
+    assert np.array_equal(np.argsort(narrow[0], kind="stable"), np.lexsort((named % 2**15, shared, rows)))
+    assert word.dtype == np.uint64
     # A column of zeros still takes a bit: with it, a 63-bit column fits and a 64-bit one does not.
     zeros = np.zeros(3, np.int64)
     fitting = packed([zeros, np.full(3, 2**63 - 1, np.uint64)])
