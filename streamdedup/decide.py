@@ -674,7 +674,7 @@ class Deduplicator:
         present, candidate_times, payloads = self.index.times_and_payloads(found.entries[candidates])
         candidates, candidate_times, payloads = candidates[present], candidate_times[present], payloads[present]
         compared += np.bincount(query[candidates], minlength=len(compared))
-        jaccard = self.sketcher.jaccard(sketches[query[candidates]], payloads.view(SKETCH_DTYPE))
+        jaccard = self.sketcher.jaccard(sketches, payloads.view(SKETCH_DTYPE), a_rows=query[candidates])
         # Most candidates fail: only those that pass have their records read.
         passing = np.flatnonzero(self._accepts(jaccard) & self._fresh(candidate_times, times[query[candidates]]))
         present, records = self.index.records_of(found.entries[candidates[passing]], payloads=False)

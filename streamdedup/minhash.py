@@ -100,12 +100,15 @@ class BottomK:
         result[owner[kept], rank[kept]] = values[kept]
         return result
 
-    def jaccard(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Estimated Jaccard index of each pair of rows of ``a`` and ``b`` (1.0 for two empty sketches)."""
+    def jaccard(self, a: np.ndarray, b: np.ndarray, a_rows: np.ndarray | None = None) -> np.ndarray:
+        """Estimated Jaccard index of each pair of rows of ``a`` and ``b`` (1.0 for two empty sketches); with
+        ``a_rows``, of each row of ``b`` and the row of ``a`` it names (``a`` is not copied row by row)."""
         a, b = np.atleast_2d(a), np.atleast_2d(b)
-        if a.shape != b.shape or a.shape[1] != self.k:
+        if a.shape[1] != self.k or b.shape[1] != self.k or (a_rows is None and a.shape != b.shape):
             raise ValueError(f"sketches must both have shape (n, {self.k}), got {a.shape} and {b.shape}")
-        pairs, width = len(a), 2 * self.k
+        if a_rows is not None and len(a_rows) != len(b):
+            raise ValueError(f"a_rows names {len(a_rows)} rows of a for {len(b)} rows of b")
+        pairs, width = len(b), 2 * self.k
         # Blocks of rows keep the working arrays in cache, and the same arrays serve every block.
         rows = max(1, min(pairs, _MERGED_PER_BLOCK // width))
         merged_rows = np.empty((rows, width), dtype=np.result_type(a, b))
@@ -114,14 +117,21 @@ class BottomK:
         # Counts of at most 2k per row: 16 bits hold any sketch size allowed.
         seen = np.empty(pairs, dtype=np.uint16)
         shared = np.empty(pairs, dtype=np.uint16)
-        kept = ~((np.uint32(1) << np.maximum(insignificant_bits(a), insignificant_bits(b))) - np.uint32(1))
+        a_cleared, a_bound = insignificant_bits(a), _bound(a)
+        if a_rows is not None:
+            a_cleared, a_bound = a_cleared[a_rows], a_bound[a_rows]
+        kept = ~((np.uint32(1) << np.maximum(a_cleared, insignificant_bits(b))) - np.uint32(1))
         # Where each sketch's values stop being all of its set's: its largest value, or none for a padded one.
-        bound = np.minimum(_bound(a), _bound(b)) & kept
+        bound = np.minimum(a_bound, _bound(b)) & kept
         for start in range(0, pairs, rows):
             stop = min(pairs, start + rows)
             block = stop - start
             merged, inside, repeated = merged_rows[:block], inside_rows[:block], repeated_rows[:block]
-            np.concatenate([a[start:stop], b[start:stop]], axis=1, out=merged)
+            if a_rows is None:
+                merged[:, : self.k] = a[start:stop]
+            else:
+                np.take(a, a_rows[start:stop], axis=0, out=merged[:, : self.k], mode="clip")
+            merged[:, self.k :] = b[start:stop]
             # Pads keep their top bit and so stay above every bound.
             merged &= kept[start:stop, None]
             # numpy's default sort is vectorised (SIMD) for unsigned integers: several times faster here than its

@@ -171,7 +171,7 @@ class Signer:
         indexable = signatures.indexable
         usable = indexable[earlier] & indexable[later]
         earlier, later, distances = earlier[usable], later[usable], distances[usable]
-        jaccard = self.sketcher.jaccard(signatures.sketches[later], signatures.sketches[earlier])
+        jaccard = self.sketcher.jaccard(signatures.sketches, signatures.sketches[earlier], a_rows=later)
         return replace(signatures, keys=keys, pairs=BatchPairs(earlier, later, distances, jaccard, copies))
 
 

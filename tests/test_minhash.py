@@ -112,6 +112,19 @@ def test_jaccard_of_any_sketches_is_the_estimate_of_their_sets(
     assert estimates.tolist() == expected
 
 
+def test_jaccard_of_rows_named_in_a_is_that_of_the_rows_gathered() -> None:
+    rng = np.random.default_rng(8)
+    k = 16
+    sketches = np.sort(rng.integers(0, 2**SKETCH_BITS, size=(40, k), dtype=np.uint64), axis=1).astype(SKETCH_DTYPE)
+    sketches[::4, 10:] = EMPTY_SLOT
+    named = rng.integers(0, 40, 3 * minhash._MERGED_PER_BLOCK // (2 * k) + 5)
+    other = sketches[rng.integers(0, 40, len(named))]
+    sketcher = BottomK(k)
+    assert (sketcher.jaccard(sketches, other, a_rows=named) == sketcher.jaccard(sketches[named], other)).all()
+    with pytest.raises(ValueError, match="a_rows names 2 rows of a for 3 rows of b"):
+        sketcher.jaccard(sketches, other[:3], a_rows=named[:2])
+
+
 def test_jaccard_over_blocks_of_full_size_is_the_estimate_of_their_sets() -> None:
     rng = np.random.default_rng(5)
     k, pairs = 64, 5 * minhash._MERGED_PER_BLOCK // 128 + 7
