@@ -104,7 +104,11 @@ class IndexFormat:
         else:
             fmt = json.loads(stored)
             if fmt["version"] not in _READABLE_FORMATS:
-                raise PlanError(f"{path}: index format {fmt['version']}, this code reads {_READABLE_FORMATS}")
+                raise PlanError(
+                    f"{path}: index format {fmt['version']}, this code reads formats {_READABLE_FORMATS}; run the "
+                    "streamdedup version that wrote it, or point index.path at a new folder (it fills as documents "
+                    "arrive)"
+                )
             if fmt["version"] != FORMAT_VERSION and not readonly:
                 # Older code must not write to it (format 1 code misses staged rows): mark it as this format.
                 fmt["version"] = FORMAT_VERSION

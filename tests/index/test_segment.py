@@ -393,8 +393,9 @@ def test_a_format_1_index_is_read_and_upgraded_and_an_unknown_format_is_refused(
     with SegmentIndex(path, None, None, payload_bytes=None, readonly=True) as reader:
         assert reader.query(fps) == [[("a", 0)], [("b", 0)], [("c", 0)]]
     _format_version(path, set_to=FORMAT_VERSION + 1)
-    with pytest.raises(PlanError, match=f"index format {FORMAT_VERSION + 1}"):
+    with pytest.raises(PlanError, match=f"index format {FORMAT_VERSION + 1}") as refused:
         SegmentIndex(path, 64, 3)
+    assert "point index.path at a new folder" in str(refused.value)
 
 
 def test_bad_input_is_rejected_for_that_batch_only(tmp_path: Path) -> None:
