@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .plan import IndexPlan, fold, gather_bits, unpack_bits
+from .sorted_rows import run_starts
 
 __all__ = [
     "LONE_SEGMENT_LIMIT",
@@ -146,7 +147,8 @@ class TableKeys:
         step = np.arange(1, total + 1, dtype=index) - np.repeat(
             (np.cumsum(later_count) - later_count).astype(index), later_count
         )
-        a, b = rows.astype(index)[first], rows.astype(index)[first + step]
+        narrow_rows = rows.astype(index)
+        a, b = narrow_rows[first], narrow_rows[first + step]
         # A pair found through several tables counts once: (later, earlier) packed in one word, one sort, which
         # also groups each later row's candidates for the ranking. The lowest bit is clear for a pair through the
         # first row of a key's run, so such a pair's first word tells. 32-bit words where they fit sort faster.
@@ -155,7 +157,7 @@ class TableKeys:
         packed |= (rank[first] != 0).astype(word)
         packed.sort()
         pair_words = packed >> word.type(1)
-        starts = np.flatnonzero(np.concatenate([[True], pair_words[1:] != pair_words[:-1]]))
+        starts = run_starts(pair_words)
         shared = np.diff(np.append(starts, len(packed)))
         pairs = pair_words[starts]
         later, earlier = (pairs // word.type(n)).astype(np.intp), (pairs % word.type(n)).astype(np.intp)
@@ -191,7 +193,7 @@ def most_shared(
     word = packed([rows, shared.max() - shared, tie])
     order = np.lexsort((~named if newest else named, -shared, rows)) if word is None else np.argsort(word[0])
     grouped = rows[order]
-    starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
+    starts = run_starts(grouped)
     over[ranked[order[run_ranks(starts, len(order)) < limit]]] = False
     return np.flatnonzero(~over)
 
@@ -215,7 +217,7 @@ def _most_shared_grouped(
     ties = np.flatnonzero(over & (shared == row_threshold))
     if len(ties):
         tie_rows = rows[ties]
-        starts = np.flatnonzero(np.concatenate(([True], tie_rows[1:] != tie_rows[:-1])))
+        starts = run_starts(tie_rows)
         sizes = np.diff(np.append(starts, len(ties)))
         place = np.arange(len(ties)) - np.repeat(starts, sizes)
         if newest:

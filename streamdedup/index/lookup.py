@@ -17,12 +17,11 @@ from .keys import HeldRows, TableKeys, most_shared, packed, table_keys
 from .mirror import fetched_rows
 from .packed_ids import PackedIds
 from .plan import scatter_bits
-from .sorted_rows import expand_ranges
+from .record import origins_of
+from .sorted_rows import expand_ranges, run_starts
 from .store import META_KEYED_WRITES, NO_TOPIC, U64, Store, id_hashes, seq_bytes
 
 __all__ = ["Candidates", "EntryRecords", "Lookup", "SearchResult"]
-
-_ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
 
 
 @dataclass(frozen=True)
@@ -325,18 +324,16 @@ class Lookup:
         head, ids = self.fmt.records.decode(list(map(itemgetter(1), found)), payloads=payloads)
         return entries, head, ids
 
-    def fetch(self, txn: Any, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, PackedIds]:
-        """Records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids."""
-        return self._stored(txn, np.unique(np.asarray(seqs, dtype=np.uint64)))
+    def fetch(self, txn: Any, seqs: np.ndarray, *, payloads: bool = True) -> tuple[np.ndarray, np.ndarray, PackedIds]:
+        """Records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids (see
+        ``RecordLayout.decode`` for ``payloads``)."""
+        return self._stored(txn, np.unique(np.asarray(seqs, dtype=np.uint64)), payloads=payloads)
 
     def records(self, txn: Any, seqs: np.ndarray, *, payloads: bool = True) -> EntryRecords:
         """Records of the given entry keys, sorted by key (missing keys skipped); with ``payloads=False`` their
         payloads are not read (an empty column)."""
-        entries, head, ids = self._stored(txn, np.unique(np.asarray(seqs, dtype=np.uint64)), payloads=payloads)
+        entries, head, ids = self.fetch(txn, seqs, payloads=payloads)
         topics = self.store.topic_names(txn) if len(head) and (head["topic"] != NO_TOPIC).any() else {}
-        origin_rows = np.empty(len(head), dtype=_ORIGIN)
-        for name in ("topic", "partition", "offset"):
-            origin_rows[name] = head[name]
         payload_column = head["payload"].reshape(len(head), self.fmt.payload_bytes)
         return EntryRecords(
             entries,
@@ -344,7 +341,7 @@ class Lookup:
             head["fp"].reshape(len(head), self.fmt.words).astype(np.uint64),
             head["time"].astype(np.float64),
             (payload_column if payloads else payload_column[:, :0]).copy(),
-            origin_rows,
+            origins_of(head),
             topics,
         )
 
@@ -374,7 +371,7 @@ def _group_expand(
     """
     if not len(found_keys):
         return np.zeros(0, np.intp), np.zeros(0, np.intp)
-    group_starts = np.flatnonzero(np.concatenate([[True], found_keys[1:] != found_keys[:-1]]))
+    group_starts = run_starts(found_keys)
     sizes = np.diff(np.append(group_starts, len(found_keys)))
     slot = np.searchsorted(unique_keys, found_keys[group_starts])
     if len(unique_keys) == len(inverse):

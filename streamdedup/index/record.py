@@ -30,10 +30,12 @@ __all__ = [
     "BYTES_PAYLOAD",
     "FIXED_RECORDS",
     "NO_TOPIC",
+    "ORIGIN",
     "PACKED_RECORDS",
     "PAYLOAD_KINDS",
     "SKETCH_PAYLOAD",
     "RecordLayout",
+    "origins_of",
 ]
 
 NO_TOPIC = 0xFFFFFFFF
@@ -42,7 +44,8 @@ FIXED_RECORDS, PACKED_RECORDS = "fixed", "packed"
 BYTES_PAYLOAD, SKETCH_PAYLOAD = "bytes", "bottom-k"
 PAYLOAD_KINDS = (BYTES_PAYLOAD, SKETCH_PAYLOAD)
 _LANE = np.dtype("<u4")
-_ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
+ORIGIN = np.dtype([("topic", "<u4"), ("partition", "<i4"), ("offset", "<i8")])
+"""An entry's origin: topic id (:data:`NO_TOPIC` for none), partition, offset."""
 _HAS_ORIGIN = np.uint8(1)
 _SKETCH_VALUE_BYTES = 3
 
@@ -87,7 +90,7 @@ class RecordLayout:
         rows = np.concatenate(
             [
                 prefix.view(np.uint8).reshape(n, self._prefix.itemsize),
-                _origins(heads).view(np.uint8).reshape(n, _ORIGIN.itemsize),
+                origins_of(heads).view(np.uint8).reshape(n, ORIGIN.itemsize),
                 compact.view(np.uint8),
                 payloads,
             ],
@@ -96,14 +99,14 @@ class RecordLayout:
         stored = np.concatenate(
             [
                 np.ones((n, self._prefix.itemsize), dtype=bool),
-                np.repeat(has_origin[:, None], _ORIGIN.itemsize, axis=1),
+                np.repeat(has_origin[:, None], ORIGIN.itemsize, axis=1),
                 _leading(lane_counts * _LANE.itemsize, compact.itemsize * self.lanes),
                 _leading(payload_lengths, payloads.shape[1]),
             ],
             axis=1,
         )
         buffer = rows[stored].tobytes()
-        lengths = self._prefix.itemsize + has_origin * _ORIGIN.itemsize + lane_counts * _LANE.itemsize + payload_lengths
+        lengths = self._prefix.itemsize + has_origin * ORIGIN.itemsize + lane_counts * _LANE.itemsize + payload_lengths
         stops = np.cumsum(lengths)
         heads_bytes = map(buffer.__getitem__, map(slice, (stops - lengths).tolist(), stops.tolist()))
         return list(map(bytes.__add__, heads_bytes, id_bytes))
@@ -127,11 +130,11 @@ class RecordLayout:
         heads["time"] = prefix["time"]
         at = starts + self._prefix.itemsize
         has_origin = (prefix["flags"] & _HAS_ORIGIN).astype(bool)
-        origins = _rows_at(flat, at[has_origin], _ORIGIN.itemsize).view(_ORIGIN).ravel()
+        origins = _rows_at(flat, at[has_origin], ORIGIN.itemsize).view(ORIGIN).ravel()
         heads["topic"] = NO_TOPIC
-        for name in _ORIGIN.names or ():
+        for name in ORIGIN.names or ():
             heads[name][has_origin] = origins[name]
-        at += has_origin * _ORIGIN.itemsize
+        at += has_origin * ORIGIN.itemsize
         nonzero = np.unpackbits(prefix["lanes"], axis=1, count=self.lanes, bitorder="little").astype(bool)
         lane_counts = nonzero.sum(axis=1)
         compact = _rows_at(flat, at, self.lanes * _LANE.itemsize).view(_LANE)
@@ -156,7 +159,7 @@ class RecordLayout:
     def _widest(self) -> int:
         """The most bytes a part of a record is read at."""
         payload = self._sketch_slots_stored * _SKETCH_VALUE_BYTES if self.payload == SKETCH_PAYLOAD else 0
-        return max(self._prefix.itemsize, _ORIGIN.itemsize, self.lanes * _LANE.itemsize, self.payload_bytes, payload)
+        return max(self._prefix.itemsize, ORIGIN.itemsize, self.lanes * _LANE.itemsize, self.payload_bytes, payload)
 
     def _stored_payloads(self, heads: np.ndarray, prefix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each payload's bytes as stored, left-aligned in its row, and how many it takes; sets their prefix
@@ -192,9 +195,10 @@ class RecordLayout:
         return sketches.view(np.uint8)
 
 
-def _origins(heads: np.ndarray) -> np.ndarray:
-    origins = np.empty(len(heads), dtype=_ORIGIN)
-    for name in _ORIGIN.names or ():
+def origins_of(heads: np.ndarray) -> np.ndarray:
+    """The heads' origins as :data:`ORIGIN` rows."""
+    origins = np.empty(len(heads), dtype=ORIGIN)
+    for name in ORIGIN.names or ():
         origins[name] = heads[name]
     return origins
 

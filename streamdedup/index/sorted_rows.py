@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SortedRows", "expand_ranges", "key_dtype", "merged_rows"]
+__all__ = ["SortedRows", "expand_ranges", "key_dtype", "merged_rows", "run_starts"]
 
 # Keys this short get a directory of every key (2**bits + 1 starts): a probe's rows are its key's bucket. Longer
 # keys get one of their top bits, about one row a bucket, and a probe is settled within its bucket.
@@ -24,6 +24,11 @@ def expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.nda
     counts = high - low
     owner = np.repeat(np.arange(len(low)), counts)
     return low[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts), owner
+
+
+def run_starts(sorted_values: np.ndarray) -> np.ndarray:
+    """Index of the first of each run of equal values (``sorted_values`` grouped, e.g. ascending)."""
+    return np.flatnonzero(np.concatenate(([True], sorted_values[1:] != sorted_values[:-1])))
 
 
 def key_dtype(key_bits: int) -> np.dtype:

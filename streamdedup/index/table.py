@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from .sorted_rows import expand_ranges, merged_rows
+from .sorted_rows import expand_ranges, merged_rows, run_starts
 
 __all__ = [
     "BIG_ENDIAN_U64",
@@ -87,17 +87,12 @@ def _unpack(buffer: bytes, width: int) -> np.ndarray:
     return words.astype(np.uint64) & np.uint64((1 << (8 * width)) - 1)
 
 
-def _run_starts(sorted_values: np.ndarray) -> np.ndarray:
-    """Index of the first of each run of equal values (``sorted_values`` grouped, e.g. ascending)."""
-    return np.flatnonzero(np.concatenate(([True], sorted_values[1:] != sorted_values[:-1])))
-
-
 def _bucket_owners(found_keys: np.ndarray, probed: np.ndarray) -> np.ndarray:
     """Index in ``probed`` (ascending, distinct) of each found row's key, the rows coming as getmulti returns
     them: each probed key's bucket whole, in key order. One search per bucket, not per row."""
     if not len(found_keys):
         return np.zeros(0, dtype=np.intp)
-    starts = _run_starts(found_keys)
+    starts = run_starts(found_keys)
     sizes = np.diff(np.append(starts, len(found_keys)))
     return np.repeat(np.searchsorted(probed, found_keys[starts]), sizes)
 
@@ -244,7 +239,7 @@ class PackedBuckets(_Table):
         buckets they extend."""
         if not len(keys):
             return
-        starts = _run_starts(keys)
+        starts = run_starts(keys)
         key_list = int_bytes(keys[starts], self.key_bytes)
         packed = int_rows(values, self.value_bytes).tobytes()
         bounds = (np.append(starts, len(keys)) * self.value_bytes).tolist()
@@ -274,7 +269,7 @@ class PackedBuckets(_Table):
         gone = rows_in(found_keys, found_values, keys, values)
         if not gone.any():
             return
-        starts = _run_starts(found_keys)
+        starts = run_starts(found_keys)
         touched = np.logical_or.reduceat(gone, starts)
         kept_counts = np.add.reduceat(~gone, starts)
         emptied = int_bytes(found_keys[starts[touched & (kept_counts == 0)]], self.key_bytes)
