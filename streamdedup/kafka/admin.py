@@ -40,17 +40,22 @@ async def ensure_topics(
     topics: Mapping[str, int],
     *,
     replication_factor: int | None = None,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
     timeout: float = 30.0,
 ) -> None:
-    """Create the topics (name -> partitions) that do not exist yet and wait until each has its leaders.
+    """Create the topics (name -> partitions) that do not exist yet, each with its ``configs`` (topic
+    configuration, e.g. ``retention.ms``), and wait until each has its leaders.
 
     ``replication_factor`` None leaves it to the cluster (its ``default.replication.factor``), so a topic
     gets as many replicas as the operators chose for the cluster. A topic the cluster refuses to create
     raises the cluster's error (``InvalidReplicationFactorError`` when it has fewer brokers than replicas).
     """
     existing = await partition_counts(admin, topics)
+    configs = configs or {}
     missing = [
-        _new_topic(name, partitions, replication_factor) for name, partitions in topics.items() if name not in existing
+        _new_topic(name, partitions, replication_factor, configs.get(name, {}))
+        for name, partitions in topics.items()
+        if name not in existing
     ]
     if missing:
         response = await admin.create_topics(missing)
@@ -64,13 +69,17 @@ async def ensure_topics(
             await asyncio.sleep(0.1)
 
 
-def _new_topic(name: str, partitions: int, replication_factor: int | None) -> NewTopic:
+def _new_topic(name: str, partitions: int, replication_factor: int | None, config: Mapping[str, str]) -> NewTopic:
     if replication_factor is not None:
-        return NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)
+        return NewTopic(
+            name, num_partitions=partitions, replication_factor=replication_factor, topic_configs=dict(config)
+        )
     # -1 asks the broker for its default (KIP-464: Kafka 2.4+ brokers, whatever CreateTopics version aiokafka
     # sends). aiokafka's NewTopic takes -1 only alongside replica assignments: an empty mapping passes its
     # check and assigns nothing.
-    return NewTopic(name, num_partitions=partitions, replication_factor=-1, replica_assignments={})
+    return NewTopic(
+        name, num_partitions=partitions, replication_factor=-1, replica_assignments={}, topic_configs=dict(config)
+    )
 
 
 async def wait_for_group_coordinator(admin: AIOKafkaAdminClient, group_id: str, *, timeout: float = 30.0) -> int:
