@@ -38,6 +38,7 @@ from ..names import (
 )
 from ..settings import Settings
 from ..signature import Signatures
+from .origins import Origin
 
 __all__ = ["BatchOutput", "Decided", "Prepared", "crashed"]
 
@@ -50,9 +51,13 @@ _DECIDE_CRASH = "killed the decision process: DecisionProcessDied: it died decid
 
 @dataclass(frozen=True)
 class Prepared:
-    """A fetched batch, decoded, its texts handed to the signing workers (``signing`` None: sign in-thread)."""
+    """A fetched batch, decoded, its texts handed to the signing workers (``signing`` None: sign in-thread).
+    ``records`` are the input records it carries, each with its ``origins`` (see :mod:`.origins`);
+    ``fetched`` the records fetched, ``next_offsets`` the offsets after them."""
 
+    fetched: Sequence[ConsumerRecord]
     records: Sequence[ConsumerRecord]
+    origins: list[Origin]
     decoded: list[Document | DeadLetter]
     documents: list[Document]
     next_offsets: dict[TopicPartition, int]
@@ -64,6 +69,7 @@ class Prepared:
 class Decided:
     """A decided batch waiting for its Kafka transaction."""
 
+    fetched: Sequence[ConsumerRecord]
     records: Sequence[ConsumerRecord]
     next_offsets: dict[TopicPartition, int]
     outgoing: list[OutgoingRecord]
@@ -114,12 +120,12 @@ class BatchOutput:
         records = prepared.records
         outgoing, dropped, dead = self._outgoing(records, prepared.decoded, prepared.documents, verdicts)
         if self.limits and largest_record_bytes(outgoing) > min(self.limits.values()):
-            outgoing = self._fitted(records, outgoing, dropped, dead)
-        return Decided(records, prepared.next_offsets, outgoing, dropped, dead, prepared.started)
+            outgoing = self._fitted(prepared, outgoing, dropped, dead)
+        return Decided(prepared.fetched, records, prepared.next_offsets, outgoing, dropped, dead, prepared.started)
 
     def _fitted(
         self,
-        records: Sequence[ConsumerRecord],
+        prepared: Prepared,
         outgoing: list[OutgoingRecord],
         dropped: list[tuple[Document, Verdict]],
         dead: list[DeadLetter],
@@ -130,7 +136,9 @@ class BatchOutput:
         limits = self.limits
         # The records that have an outgoing record, in order: all but duplicates without a duplicates topic.
         skipped = set() if kafka.duplicates_topic is not None else {doc.origin for doc, _ in dropped}
-        sources = [record for record in records if (record.topic, record.partition, record.offset) not in skipped]
+        sources = [
+            record for record, origin in zip(prepared.records, prepared.origins, strict=True) if origin not in skipped
+        ]
         letters = {letter.id: letter for letter in dead}
         fitted = []
         for out, record in zip(outgoing, sources, strict=True):

@@ -31,6 +31,7 @@ from ..metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from ..settings import Settings
 from .backoff import Backoff
 from .batch import BatchOutput, Decided, Prepared, crashed
+from .origins import Origin, Origins
 from .partition_ownership import Ownership, PartitionOwnership
 from .signer_supervisor import SignerSupervisor
 from .stats import DeadLetterLog, ServiceStats
@@ -86,6 +87,7 @@ class BatchPipeline:
         self._dead_letters = dead_letters
         self._stop = stop
         self._decoder = DocumentDecoder(settings.input)
+        self.origins = Origins(sequenced=settings.kafka.sequence_topic is not None)
         self.output = BatchOutput(settings)
         self.batch_lock = asyncio.Lock()
         self._in_flight: asyncio.Task[None] | None = None
@@ -223,11 +225,7 @@ class BatchPipeline:
                 if not self._decisions.open:
                     await self.restart_decisions()
                 await self._decisions.rollback(
-                    _first_offsets(
-                        (record.topic, record.partition, record.offset)
-                        for prepared, _ in unpublished
-                        for record in prepared.records
-                    )
+                    _first_offsets(origin for prepared, _ in unpublished for origin in prepared.origins)
                 )
             except _RECOVERABLE as exc:
                 error = exc
@@ -324,7 +322,7 @@ class BatchPipeline:
         one batch, since the decision core's do not depend on batch boundaries. The batch's input offsets are
         stored once every part is decided. ``wait(pause)`` waits before each new process, False to give up."""
         documents = prepared.documents
-        offsets = {(tp.topic, tp.partition): offset for tp, offset in prepared.next_offsets.items()}
+        offsets = self._index_offsets(prepared.next_offsets)
         signatures = await self._signers.signatures(prepared.signing)
         width = self._settings.fingerprint.width
         parts: list[Verdicts] = []
@@ -366,14 +364,14 @@ class BatchPipeline:
         if task is not None:
             await task
 
-    def _prepare(self, records: Sequence[ConsumerRecord]) -> Prepared:
+    def _prepare(self, fetched: Sequence[ConsumerRecord]) -> Prepared:
         """Decode a fetched batch and hand its texts to the signing workers; nothing is decided yet."""
         started = time.perf_counter()
-        origins = [(record.topic, record.partition, record.offset) for record in records]
+        records, origins = self.origins.carried(fetched)
         clamped = self._decoder.clamped_times
         decoded = self._decoder.decode_many(
             [record.value for record in records],
-            default_ids=[f"{topic}-{partition}-{offset}" for topic, partition, offset in origins],
+            default_ids=[f"{record.topic}-{record.partition}-{record.offset}" for record in records],
             timestamps=[record.timestamp / 1000.0 for record in records],
             origins=origins,
         )
@@ -381,10 +379,14 @@ class BatchPipeline:
         decoded = self.output.fitting(records, decoded)
         documents = [item for item in decoded if type(item) is Document]
         # Plain tuples per record (a TopicPartition is several times dearer to build), one per partition after.
-        last_offsets = {(record.topic, record.partition): record.offset for record in records}
+        last_offsets = {(record.topic, record.partition): record.offset for record in fetched}
         next_offsets = {TopicPartition(*partition): offset + 1 for partition, offset in last_offsets.items()}
         signing = self._signers.submit([doc.text for doc in documents])
-        return Prepared(records, decoded, documents, next_offsets, signing, started)
+        return Prepared(fetched, records, origins, decoded, documents, next_offsets, signing, started)
+
+    def _index_offsets(self, next_offsets: dict[TopicPartition, int]) -> dict[tuple[str, int], int]:
+        """The offsets the index keeps for these offsets of fetched partitions."""
+        return {(tp.topic, tp.partition): self.origins.index_offset(offset) for tp, offset in next_offsets.items()}
 
     async def _verdicts(self, prepared: Prepared) -> Verdicts:
         """The batch's verdicts, its kept documents and input offsets stored in one LMDB transaction."""
@@ -398,9 +400,7 @@ class BatchPipeline:
         signatures = await self._signers.signatures(prepared.signing)
         signing_seconds = time.perf_counter() - signing_started
         decision = self._decisions.submit(
-            documents,
-            source_offsets={(tp.topic, tp.partition): offset for tp, offset in next_offsets.items()},
-            signatures=signatures,
+            documents, source_offsets=self._index_offsets(next_offsets), signatures=signatures
         )
         return asyncio.create_task(self._recorded(decision, signing_seconds))
 
@@ -427,7 +427,7 @@ class BatchPipeline:
         self._metrics.observe(Stage.PRODUCE, time.perf_counter() - produce_started - commit_seconds)
         self._metrics.record_transaction("committed", commit_seconds)
         self._account(decided)
-        self._record_lag(consumer, decided.records)
+        self._record_lag(consumer, decided.fetched)
         self._metrics.observe(Stage.BATCH, time.perf_counter() - decided.started)
 
     def _account(self, decided: Decided) -> None:
@@ -497,7 +497,7 @@ _Unpublished = deque[tuple[Prepared, asyncio.Task[asyncio.Future[Verdicts]]]]
 """Batches fetched and not yet published, in order, each with the task that queues its decision."""
 
 
-def _first_offsets(origins: Iterable[tuple[str, int, int]]) -> dict[tuple[str, int], int]:
+def _first_offsets(origins: Iterable[Origin]) -> dict[tuple[str, int], int]:
     """The first offset of each partition among these (topic, partition, offset)."""
     first: dict[tuple[str, int], int] = {}
     for topic, partition, offset in origins:

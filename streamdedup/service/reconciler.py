@@ -74,7 +74,7 @@ class Reconciler:
                     "ANOTHER INSTANCE IS IN CONSUMER GROUP %r: this one was assigned %d of %d input partitions "
                     "(missing %s). The index is local to one instance, so splitting the input would let "
                     "duplicates through; processing NOTHING until this instance owns every partition again. "
-                    "Stop the other instance (scale-out is not supported yet).",
+                    "Stop the other instance, or set kafka.sequence_topic on every instance to scale out.",
                     self._settings.kafka.group_id,
                     len(assigned),
                     len(everything),
@@ -86,7 +86,11 @@ class Reconciler:
             self._ownership.split(assigned)
             return
         consumer.resume(assigned)
-        stored = await self._decisions.source_offsets()
+        origins = self._pipeline.origins
+        stored = {
+            partition: origins.kafka_offset(offset)
+            for partition, offset in (await self._decisions.source_offsets()).items()
+        }
         committed = await self._committed(consumer, assigned, stored)
         # LMDB commits before Kafka, so the index is at or ahead of Kafka; behind means it lost data.
         behind = {
@@ -96,10 +100,12 @@ class Reconciler:
         }
         if behind and not await self._replay(consumer, behind, committed):
             return  # the next reconciliation goes on from where the index got to
-        removed = await self._decisions.rollback({(tp.topic, tp.partition): offset for tp, offset in committed.items()})
-        consumer.seek(committed)
-        if self._ownership.state is not Ownership.RECONCILING:
+        removed = await self._decisions.rollback(
+            {(tp.topic, tp.partition): origins.index_offset(offset) for tp, offset in committed.items()}
+        )
+        if self._ownership.state is not Ownership.RECONCILING or consumer.assignment() != assigned:
             return  # rebalanced meanwhile: reconciled again for the new assignment
+        consumer.seek(committed)
         self._ownership.own(assigned)
         log.info(
             "owning all %d input partitions; index reconciled with Kafka (%d entries rolled back)",

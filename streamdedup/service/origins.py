@@ -1,0 +1,57 @@
+"""What a fetched batch carries, where the index says each of its documents came from, and the offsets the index
+keeps: one mapping for input read directly and for input read through the sequence topic.
+
+Read directly, a record is its own input and its origin is where it was fetched (topic, partition, offset).
+Read through the sequence topic, a fetched record carries a packed batch of input records: each gets the origin
+(sequence topic, partition, offset << 20 | position), an origin of its own that still sorts by sequence offset,
+and the index keeps sequence offsets shifted the same way. The index's rollback to an offset then undoes whole
+sequence records, and a replay of one meets what its first run met.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from ..kafka.consumer import Unreadable
+from ..kafka.sequence_records import SEQUENCE_POSITION_BITS, NotASequenceRecord, unpacked
+
+__all__ = ["Origin", "Origins"]
+
+Origin = tuple[str, int, int]
+"""(topic, partition, offset) in the index's offsets."""
+
+
+class Origins:
+    """The mapping for input read directly (``sequenced`` False) or through the sequence topic."""
+
+    def __init__(self, *, sequenced: bool) -> None:
+        self.sequenced = sequenced
+        self._shift = SEQUENCE_POSITION_BITS if sequenced else 0
+
+    def carried(self, fetched: Sequence[ConsumerRecord]) -> tuple[list[ConsumerRecord], list[Origin]]:
+        """The input records ``fetched`` carries, in order, and each one's origin. A sequence record that cannot
+        be unpacked stands for itself, as :class:`Unreadable` (dead-lettered, and the batch goes on)."""
+        if not self.sequenced:
+            return list(fetched), [(record.topic, record.partition, record.offset) for record in fetched]
+        records: list[ConsumerRecord] = []
+        origins: list[Origin] = []
+        for record in fetched:
+            try:
+                carried = unpacked(record)
+            except NotASequenceRecord as exc:
+                carried = [Unreadable.at(TopicPartition(record.topic, record.partition), record.offset, exc)]
+            first = record.offset << self._shift
+            records += carried
+            origins += [(record.topic, record.partition, first + position) for position in range(len(carried))]
+        return records, origins
+
+    def index_offset(self, kafka_offset: int) -> int:
+        """The index's offset for this offset of a fetched partition (the start of its sequence record)."""
+        return kafka_offset << self._shift
+
+    def kafka_offset(self, index_offset: int) -> int:
+        """The offset of the fetched partition from which the index lacks records."""
+        return index_offset >> self._shift
