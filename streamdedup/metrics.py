@@ -263,6 +263,27 @@ class ServiceMetrics:
             ["worker"],
             **common,
         )
+        self.sequencer_partitions = Gauge(
+            "sequencer_partitions",
+            "Input partitions this instance sequences (kafka.sequence_topic set; 0 otherwise).",
+            **common,
+        )
+        self.decider = Gauge(
+            "decider",
+            "1 while this instance decides (owns the sequence topic, or the input without one), 0 while it stands by.",
+            **common,
+        )
+        self.standby_lag_records = Gauge(
+            "standby_lag_records",
+            "Sequence records the decider has decided and this standby's index has not (0 while deciding).",
+            **common,
+        )
+        self.sequenced_records = Counter(
+            "sequenced_records", "Input records packed into the sequence topic, by input topic.", ["topic"], **common
+        )
+        self.sequence_records_written = Counter(
+            "sequence_records_written", "Records written to the sequence topic (each packs a batch).", **common
+        )
         self.last_commit_timestamp = Gauge(
             "last_commit_timestamp_seconds", "Unix time of the last committed Kafka transaction.", **common
         )
@@ -376,6 +397,21 @@ class ServiceMetrics:
             self.consumer_lag_records.remove(topic, str(partition))
             self.consumer_lag_seconds.remove(topic, str(partition))
         self._lag_partitions &= set(partitions)
+
+    def record_sequenced(self, topic: str, records: int, written: int) -> None:
+        """``records`` of input ``topic`` went to the sequence topic in ``written`` sequence records."""
+        self.sequenced_records.labels(topic=topic).inc(records)
+        self.sequence_records_written.inc(written)
+
+    def record_roles(self, *, sequencing: int | None = None, deciding: bool | None = None) -> None:
+        """The input partitions this instance sequences, and whether it decides (None: unchanged)."""
+        if sequencing is not None:
+            self.sequencer_partitions.set(sequencing)
+        if deciding is not None:
+            self.decider.set(1 if deciding else 0)
+
+    def record_standby_lag(self, records: int) -> None:
+        self.standby_lag_records.set(records)
 
     def record_worker_death(self, kind: str) -> None:
         """A worker process of ``kind`` (one of ``WORKER_KINDS``) died."""

@@ -243,7 +243,40 @@ class KafkaSettings(Section):
     # died again without deciding anything; each doubles up to retry_backoff_max_seconds.
     retry_backoff_seconds: float = Field(default=0.5, gt=0)
     retry_backoff_max_seconds: float = Field(default=30.0, gt=0)
+    # None: one instance owns every input partition. A topic: scale out (see ``decider``).
+    sequence_topic: str | None = None
     security: KafkaSecuritySettings = KafkaSecuritySettings()
+
+    @model_validator(mode="after")
+    def _sequence_apart(self) -> KafkaSettings:
+        topic = self.sequence_topic
+        taken = [*self.input_topics, self.output_topic, self.dead_letter_topic, self.duplicates_topic]
+        if topic is not None and topic in taken:
+            raise ValueError(f"sequence_topic {topic!r} must be a topic of its own (it is also an input or output)")
+        return self
+
+    @property
+    def _transactional_base(self) -> str:
+        return self.group_id if self.transactional_id is None else self.transactional_id
+
+    def sequencer_transactional_id(self, topic: str, partition: int) -> str:
+        """The transactional id that sequences one input partition: whoever takes the partition over fences
+        the instance that had it, however long that one was frozen."""
+        return f"{self._transactional_base}.sequencer.{topic}.{partition}"
+
+    def decider(self) -> KafkaSettings:
+        """The settings the deciding role of a scaled-out deployment consumes and publishes with: the sequence
+        topic as its one input, a group of its own, and one transactional id for the whole deployment, so that
+        the instance that gets the sequence partition fences the one that had it."""
+        if self.sequence_topic is None:
+            raise ValueError("a decider needs kafka.sequence_topic")
+        return self.model_copy(
+            update={
+                "input_topics": [self.sequence_topic],
+                "group_id": f"{self.group_id}.decider",
+                "transactional_id": f"{self._transactional_base}.decider",
+            }
+        )
 
     @property
     def producer_transactional_id(self) -> str:
@@ -287,6 +320,22 @@ class Settings(BaseSettings):
                 f"index.max_age_seconds ({max_age:g}): a burst of times clamped that far ahead would expire the index"
             )
         return self
+
+    @model_validator(mode="after")
+    def _records_fit_a_sequence_record(self) -> Settings:
+        kafka = self.kafka
+        # A sequence record carries any input record that is not too large, with room for its coordinates.
+        if kafka.sequence_topic is not None and self.input.max_message_bytes + 65_536 > kafka.max_request_bytes:
+            raise ValueError(
+                f"kafka.max_request_bytes ({kafka.max_request_bytes}) must exceed input.max_message_bytes "
+                f"({self.input.max_message_bytes}) by 65536 or more: each input record must fit a sequence record"
+            )
+        return self
+
+    def decider(self) -> Settings:
+        """These settings with ``kafka`` as the deciding role of a scaled-out deployment sees it
+        (:meth:`KafkaSettings.decider`)."""
+        return self.model_copy(update={"kafka": self.kafka.decider()})
 
     def detached(self) -> Settings:
         """The same values in a plain ``Settings``, which pickles (for worker processes): the class

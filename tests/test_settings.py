@@ -112,6 +112,38 @@ def test_topics_are_replicated_as_the_cluster_chooses_unless_set() -> None:
         KafkaSettings(topic_replication_factor=0)
 
 
+def test_a_scaled_out_deployment_derives_its_roles_names_from_the_group_not_the_instance() -> None:
+    kafka = KafkaSettings(group_id="orders", group_instance_id="pod-2", sequence_topic="orders-sequence")
+    # The same on every instance: whoever takes a partition (or the sequence) over fences whoever had it.
+    assert kafka.sequencer_transactional_id("news", 3) == "orders.sequencer.news.3"
+    decider = kafka.decider()
+    assert decider.input_topics == ["orders-sequence"]
+    assert decider.group_id == "orders.decider"
+    assert decider.producer_transactional_id == "orders.decider"
+    assert (decider.output_topic, decider.group_instance_id) == (kafka.output_topic, "pod-2")
+    named = KafkaSettings(group_id="orders", transactional_id="tx", sequence_topic="orders-sequence")
+    assert named.decider().producer_transactional_id == "tx.decider"
+    assert named.sequencer_transactional_id("news", 0) == "tx.sequencer.news.0"
+    with pytest.raises(ValueError, match=r"needs kafka\.sequence_topic"):
+        KafkaSettings().decider()
+
+
+@pytest.mark.parametrize("topic", ["news", "streamdedup-output", "streamdedup-dead-letters"])
+def test_the_sequence_topic_is_a_topic_of_its_own(topic: str) -> None:
+    with pytest.raises(ValidationError, match="must be a topic of its own"):
+        KafkaSettings(input_topics=["news"], sequence_topic=topic)
+
+
+def test_every_input_record_must_fit_a_sequence_record() -> None:
+    with pytest.raises(ConfigError, match=r"must exceed input\.max_message_bytes"):
+        load_settings(
+            None,
+            kafka={"sequence_topic": "s", "max_request_bytes": 1_000_000},
+            input={"max_message_bytes": 1_000_000},
+        )
+    assert load_settings(None, kafka={"sequence_topic": "s"}).kafka.sequence_topic == "s"
+
+
 def test_the_default_transactional_id_is_the_group_and_instance(monkeypatch: pytest.MonkeyPatch) -> None:
     assert KafkaSettings().producer_transactional_id == KafkaSettings().group_id
     assert KafkaSettings(group_id="orders").producer_transactional_id == "orders"

@@ -33,7 +33,9 @@ from .backoff import Backoff
 from .batch_pipeline import BatchPipeline
 from .partition_ownership import PartitionOwnership
 from .reconciler import Reconciler
+from .sequencer import Sequencer, prepare_sequence_topic
 from .signer_supervisor import SignerSupervisor
+from .standby import Standby
 from .stats import DeadLetterLog, ServiceStats
 
 __all__ = ["DedupService", "InstanceFenced", "run_service"]
@@ -58,6 +60,10 @@ class DedupService(Lifecycle):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         kafka = settings.kafka
+        # Scaled out, this instance sequences its share of the input and decides the sequence topic when Kafka
+        # gives it that topic's partition; everything after the sequencer sees the sequence topic as its input.
+        deciding = settings if kafka.sequence_topic is None else settings.decider()
+        self._kafka = deciding.kafka
         self.metrics = ServiceMetrics(
             radius=settings.index.radius,
             width=settings.fingerprint.width,
@@ -71,8 +77,9 @@ class DedupService(Lifecycle):
         self._ownership = PartitionOwnership()
         self._dead_letters = DeadLetterLog(_DEAD_LETTER_LOG_SECONDS)
         self._signers = SignerSupervisor(settings, self._decisions, self.metrics, self._stop)
+        self._sequencer = None if kafka.sequence_topic is None else Sequencer(settings, self.metrics)
         self._pipeline = BatchPipeline(
-            settings,
+            deciding,
             metrics=self.metrics,
             stats=self.stats,
             decisions=self._decisions,
@@ -82,12 +89,19 @@ class DedupService(Lifecycle):
             stop=self._stop,
         )
         self._reconciler = Reconciler(
-            settings,
+            deciding,
             metrics=self.metrics,
             decisions=self._decisions,
             pipeline=self._pipeline,
             ownership=self._ownership,
             stop=self._stop,
+        )
+        self._standby = (
+            None
+            if kafka.sequence_topic is None
+            else Standby(
+                deciding, metrics=self.metrics, decisions=self._decisions, pipeline=self._pipeline, stop=self._stop
+            )
         )
         self._health: HealthServer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -99,6 +113,8 @@ class DedupService(Lifecycle):
             return
         await self._decisions.start()
         await self._signers.start()
+        if self._sequencer is not None:
+            await self._sequencer.start()
         if self.settings.metrics.enabled:
             self._health = HealthServer(
                 self.metrics.registry,
@@ -118,7 +134,16 @@ class DedupService(Lifecycle):
     async def wait(self) -> None:
         if self._task is None:
             raise RuntimeError("the service is not started")
-        await asyncio.shield(self._task)
+        if self._sequencer is None:
+            await asyncio.shield(self._task)
+            return
+        # Scaled out, the instance also ends when its sequencer does (a bug in it: nothing else stops it).
+        roles = [self._task, asyncio.ensure_future(self._sequencer.wait())]
+        done, _ = await asyncio.wait(roles, return_when=asyncio.FIRST_COMPLETED)
+        for role in done:
+            role.result()
+        if roles[1] not in done:
+            roles[1].cancel()
 
     async def stop(self) -> None:
         """Idempotent: finish the batch, commit, leave the group, close the index."""
@@ -128,6 +153,8 @@ class DedupService(Lifecycle):
             if task is not None:
                 await task
         finally:
+            if self._sequencer is not None:
+                await self._sequencer.stop()
             if self._health is not None:
                 await self._health.stop()
                 self._health = None
@@ -144,11 +171,14 @@ class DedupService(Lifecycle):
         return self._health.port if self._health is not None else None
 
     def _readiness(self) -> Mapping[str, bool]:
+        index = {"index_open": self._decisions.open, "index_storing": self._pipeline.storage_error is None}
+        if self._sequencer is not None:
+            # Standing by for the sequence topic is ready too: the instance sequences, and follows the decider.
+            return {"sequencer_running": self._sequencer.running, **index}
         return {
             "partitions_assigned": self._ownership.partitions_assigned,
-            "index_open": self._decisions.open,
             "producer_ready": self._ownership.connected,
-            "index_storing": self._pipeline.storage_error is None,
+            **index,
         }
 
     def _readiness_reasons(self) -> Mapping[str, str]:
@@ -156,18 +186,26 @@ class DedupService(Lifecycle):
         return {} if error is None else {"index_storing": error}
 
     def _liveness(self) -> Mapping[str, bool]:
-        return {"consume_loop_running": self._task is not None and not self._task.done()}
+        running = {"consume_loop_running": self._task is not None and not self._task.done()}
+        if self._sequencer is not None:
+            running["sequencer_running"] = self._sequencer.running
+        return running
 
     # ------------------------------------------------------------------ the loop
 
     async def _main(self) -> None:
-        kafka = self.settings.kafka
+        kafka = self._kafka
         backoff = Backoff(kafka.retry_backoff_seconds, kafka.retry_backoff_max_seconds)
         while not self._stop.is_set():
             started = time.monotonic()
             try:
                 await self._session()
             except ProducerFenced as exc:
+                if self._sequencer is not None:
+                    # Another instance took the sequence topic over (this one was frozen, or cut off): it decides
+                    # now, and this one stands by again.
+                    log.warning("fenced: another instance decides the sequence topic now; standing by")
+                    continue
                 # A new producer would fence the instance that replaced this one, which would fence it back.
                 log.error(
                     "FENCED: a newer producer with transactional id %r took over (another instance started with "
@@ -195,17 +233,15 @@ class DedupService(Lifecycle):
 
     async def _session(self) -> None:
         """One life of the Kafka clients; a Kafka, network or timeout error ends it and the caller starts anew."""
-        kafka = self.settings.kafka
+        if self._standby is not None:
+            await self._decider_session(self._standby)
+            return
+        kafka = self._kafka
         # The producer starts first: it fences an earlier incarnation and completes its open transaction,
         # so the committed offsets read during reconciliation are final.
         async with TransactionalProducer(kafka) as producer:
             self._pipeline.output.limits = await self._prepare_cluster()
-            consumer = BatchConsumer(
-                kafka,
-                max_message_bytes=self.settings.input.max_message_bytes,
-                on_assigned=self._reconciler.on_assigned,
-                on_revoked=self._reconciler.on_revoked,
-            )
+            consumer = self._consumer()
             # Connected before the consumer starts and until it has stopped: its listener may run in both.
             self._ownership.connect()
             try:
@@ -219,7 +255,42 @@ class DedupService(Lifecycle):
             finally:
                 self._ownership.disconnect()
 
+    async def _decider_session(self, standby: Standby) -> None:
+        """One life of the deciding role's clients in a scaled-out deployment. Its consumer is in the decider group
+        of every instance; the one that Kafka gives the sequence partition starts the deployment's decider
+        producer, which fences the instance that decided before (however long that one was frozen), and
+        decides until the partition moves. The others stand by."""
+        kafka = self._kafka
+        self._pipeline.output.limits = await self._prepare_cluster()
+        consumer = self._consumer()
+        self._ownership.connect()
+        try:
+            async with consumer:
+                while await standby.until_assigned(consumer):
+                    self.metrics.record_roles(deciding=True)
+                    try:
+                        async with TransactionalProducer(kafka) as producer:
+                            log.info("deciding the sequence topic %s", kafka.sequence_topic)
+                            while await self._pipeline.run(consumer, producer):
+                                if not consumer.assignment():
+                                    break  # the sequence partition moved: stand by again
+                                await producer.check_not_fenced()
+                                await self._reconciler.reconcile(consumer)
+                    finally:
+                        self.metrics.record_roles(deciding=False)
+        finally:
+            self._ownership.disconnect()
+
     # ------------------------------------------------------------------ helpers
+
+    def _consumer(self) -> BatchConsumer:
+        """The consumer of the input (or of the sequence topic), with the reconciler as its rebalance listener."""
+        return BatchConsumer(
+            self._kafka,
+            max_message_bytes=self.settings.input.max_message_bytes,
+            on_assigned=self._reconciler.on_assigned,
+            on_revoked=self._reconciler.on_revoked,
+        )
 
     def _output_topics(self) -> list[str]:
         kafka = self.settings.kafka
@@ -231,7 +302,7 @@ class DedupService(Lifecycle):
     async def _prepare_cluster(self) -> dict[str, int]:
         """Create the output topics (if configured to) and wait until the cluster can coordinate the group; the
         largest record each output topic takes."""
-        kafka = self.settings.kafka
+        kafka = self._kafka
         async with admin_client(**common_options(kafka)) as admin:
             if kafka.create_topics:
                 await ensure_topics(
@@ -239,6 +310,8 @@ class DedupService(Lifecycle):
                     {topic: kafka.topic_partitions for topic in self._output_topics()},
                     replication_factor=kafka.topic_replication_factor,
                 )
+            if kafka.sequence_topic is not None:
+                await prepare_sequence_topic(admin, self.settings)
             limits = await topic_record_limits(admin, self._output_topics(), kafka.max_request_bytes)
             await wait_for_group_coordinator(admin, kafka.group_id, timeout=kafka.request_timeout_ms / 1000)
         return limits

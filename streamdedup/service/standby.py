@@ -1,0 +1,95 @@
+"""A warm standby: while another instance decides the sequence topic, this one keeps its index level with it.
+
+The decider's committed offset on the sequence topic says how far its decisions are final. A standby reads the
+sequence topic up to there and decides it into its own index, publishing nothing: the decision core's verdicts
+depend only on the order, so its index becomes the decider's. When Kafka hands it the sequence partition, it
+has only the last few batches to replay (``Reconciler``) before it decides.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from ..decision_process import DecisionProcess
+from ..kafka.clients import common_options
+from ..kafka.consumer import BatchConsumer
+from ..lifecycle import StopRequest
+from ..metrics import ServiceMetrics
+from ..settings import Settings
+from .batch_pipeline import BatchPipeline
+
+__all__ = ["Standby"]
+
+log = logging.getLogger(__name__)
+
+# How often a standby that is level with the decider looks again.
+_LEVEL_POLL_SECONDS = 0.5
+
+
+class Standby:
+    """Follows the sequence topic into the index until this instance is given the sequence partition."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        metrics: ServiceMetrics,
+        decisions: DecisionProcess,
+        pipeline: BatchPipeline,
+        stop: StopRequest,
+    ) -> None:
+        topic = settings.kafka.sequence_topic
+        if topic is None:
+            raise ValueError("a standby needs kafka.sequence_topic")
+        self._settings = settings
+        self._metrics = metrics
+        self._decisions = decisions
+        self._pipeline = pipeline
+        self._stop = stop
+        self._partition = TopicPartition(topic, 0)
+
+    async def until_assigned(self, consumer: BatchConsumer) -> bool:
+        """Follow until ``consumer`` (in the decider group) holds the sequence partition (True), or a stop
+        (False). The consumer keeps polling meanwhile, so that the group keeps this member."""
+        kafka = self._settings.kafka
+        if consumer.assignment():
+            return not self._stop.is_set()
+        log.info("standing by: another instance decides the sequence topic %s", self._partition.topic)
+        follower = AIOKafkaConsumer(
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            fetch_max_bytes=kafka.fetch_max_bytes,
+            **common_options(kafka),
+        )
+        await follower.start()
+        try:
+            follower.assign([self._partition])
+            while not consumer.assignment():
+                if self._stop.is_set():
+                    return False
+                if not await self._followed(consumer, follower):
+                    await self._stop.sleep(_LEVEL_POLL_SECONDS)
+                await consumer.batch(wait=False)
+        finally:
+            await follower.stop()
+        return not self._stop.is_set()
+
+    async def _followed(self, consumer: BatchConsumer, follower: AIOKafkaConsumer) -> bool:
+        """Decide the next records the decider has committed and the index lacks; False when level."""
+        tp = self._partition
+        decided = (await consumer.committed([tp]))[tp] or 0
+        stored = (await self._decisions.source_offsets()).get((tp.topic, tp.partition), 0)
+        held = self._pipeline.origins.kafka_offset(stored)
+        self._metrics.record_standby_lag(max(0, decided - held))
+        if held >= decided:
+            return False
+        if await follower.position(tp) != held:
+            follower.seek(tp, held)
+        fetched = await follower.getmany(tp, timeout_ms=self._settings.kafka.batch_timeout_ms)
+        records = [record for record in fetched.get(tp, []) if record.offset < decided]
+        if records:
+            await self._pipeline.replay(records)
+        return True

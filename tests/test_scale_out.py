@@ -1,0 +1,360 @@
+"""A scaled-out deployment (``kafka.sequence_topic``) on the real broker, each instance a ``streamdedup run``
+process: near-copies spread over partitions and instances are decided as one decision core decides the sequence
+topic's order, every input record comes out exactly once, and neither kill -9, a freeze nor a lost index changes
+the output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import signal
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.structs import ConsumerRecord
+
+from streamdedup.decide import Deduplicator, open_index
+from streamdedup.document import Document, DocumentDecoder
+from streamdedup.service.origins import Origins
+from streamdedup.settings import Settings, load_settings
+from tests.conftest import OutRecord, consume_records, process_state, produce_records
+from tests.test_service import Topics, start_service, wait_for, write_config
+
+pytestmark = pytest.mark.integration
+
+_PARTITIONS = 6
+# The broker's smallest session timeout: a member that died or froze leaves the group after this.
+_SESSION_MS = 6000
+_TRANSACTION_MS = 10_000
+
+
+@dataclass
+class Deployment:
+    """Instances of one scaled-out deployment: the same settings but for ``group_instance_id`` and
+    ``index.path``."""
+
+    bootstrap: str
+    topics: Topics
+    root: Path
+    unique: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def sequence_topic(self) -> str:
+        return f"seq-{self.unique}"
+
+    def settings(self, name: str) -> dict[str, Any]:
+        return {
+            "kafka": {
+                "bootstrap_servers": self.bootstrap,
+                "input_topics": [self.topics.input],
+                "output_topic": self.topics.output,
+                "duplicates_topic": self.topics.duplicates,
+                "dead_letter_topic": self.topics.dead_letters,
+                "group_id": f"group-{self.unique}",
+                "group_instance_id": name,
+                "sequence_topic": self.sequence_topic,
+                "session_timeout_ms": _SESSION_MS,
+                "heartbeat_interval_ms": 1000,
+                "transaction_timeout_ms": _TRANSACTION_MS,
+                "batch_timeout_ms": 50,
+                "batch_max_records": 200,
+            },
+            "index": {"path": str(self.index_path(name)), "expected_entries": 100_000, "max_age_seconds": None},
+            "input": {"id_field": "id"},
+            "metrics": {"enabled": False},
+            "dedup": {"workers": 0},
+            "logging": {"format": "json"},
+        }
+
+    def index_path(self, name: str) -> Path:
+        return self.root / f"index-{name}"
+
+    def log(self, name: str) -> Path:
+        return self.root / f"{name}.log"
+
+    def start(self, name: str) -> None:
+        config = write_config(self.root / f"{name}.yaml", self.settings(name))
+        self.processes[name] = start_service(config, self.log(name))
+
+    def kill(self, name: str) -> None:
+        process = self.processes.pop(name)
+        process.kill()
+        process.wait(30)
+
+    def stop(self, name: str) -> int:
+        process = self.processes.pop(name)
+        process.send_signal(signal.SIGCONT)
+        process.send_signal(signal.SIGTERM)
+        return process.wait(60)
+
+    def stop_all(self) -> dict[str, int]:
+        return {name: self.stop(name) for name in list(self.processes)}
+
+    def decider(self) -> str | None:
+        """The instance that logged last that it decides (JSON logs: the newest line wins)."""
+        latest: tuple[str, str] | None = None
+        for name in self.processes:
+            for line in self.log(name).read_text().splitlines():
+                if line.startswith("{") and "deciding the sequence topic" in line:
+                    stamp = json.loads(line)["time"]
+                    if latest is None or stamp > latest[0]:
+                        latest = (stamp, name)
+        return None if latest is None else latest[1]
+
+    async def results(self) -> tuple[list[ConsumerRecord], list[ConsumerRecord], list[ConsumerRecord]]:
+        return (
+            await consume_records(self.bootstrap, self.topics.output),
+            await consume_records(self.bootstrap, self.topics.duplicates),
+            await consume_records(self.bootstrap, self.topics.dead_letters),
+        )
+
+    async def settled(self, total: int, timeout: float = 180) -> None:
+        """Wait until ``total`` records came out (output, duplicates, dead letters) and a little longer."""
+
+        async def out() -> bool:
+            return sum(map(len, await self.results())) >= total
+
+        await wait_for(out, timeout, f"{total} records out")
+        await asyncio.sleep(2)
+
+    async def single_core(self) -> tuple[list[str], list[str]]:
+        """The ids one decision core keeps and drops deciding the sequence topic, in its order (a fresh index)."""
+        settings = load_settings(None, **self.settings("oracle"))
+        return await asyncio.to_thread(_single_core, settings, await self._sequenced())
+
+    async def _sequenced(self) -> list[ConsumerRecord]:
+        return await consume_records(self.bootstrap, self.sequence_topic)
+
+
+def _single_core(settings: Settings, fetched: list[ConsumerRecord]) -> tuple[list[str], list[str]]:
+    records, origins = Origins(sequenced=True).carried(fetched)
+    decoded = DocumentDecoder(settings.input).decode_many(
+        [record.value for record in records],
+        default_ids=[f"{r.topic}-{r.partition}-{r.offset}" for r in records],
+        timestamps=[record.timestamp / 1000.0 for record in records],
+        origins=origins,
+    )
+    documents = [item for item in decoded if isinstance(item, Document)]
+    assert len(documents) == len(records)
+    with open_index(settings, settings.index.path) as index:
+        verdicts = Deduplicator(settings, index).decide(documents)
+    kept = [doc.id for doc, novel in zip(documents, verdicts.novel.tolist(), strict=True) if novel]
+    dropped = [doc.id for doc, novel in zip(documents, verdicts.novel.tolist(), strict=True) if not novel]
+    return kept, dropped
+
+
+def _ids(records: list[ConsumerRecord]) -> list[str]:
+    return [json.loads(record.value)["id"] for record in records]
+
+
+def clusters(first: int, count: int, copies: int, seed: int) -> list[OutRecord]:
+    """``count`` distinct texts from ``first`` on, each with ``copies`` near-copies (a word changed), every copy
+    on another partition than its original and the others, all in one burst."""
+    rng = random.Random(seed)
+    records = []
+    for cluster in range(first, first + count):
+        words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 9))) for _ in range(30)]
+        for copy in range(copies + 1):
+            text = list(words)
+            if copy:
+                text[rng.randrange(len(text))] = f"edit{copy}"
+            value = json.dumps({"id": f"c{cluster}-{copy}", "text": " ".join(text)}).encode()
+            records.append(OutRecord(value, partition=(cluster + copy) % _PARTITIONS))
+    return records
+
+
+async def assert_exactly_once_as_one_core(deployment: Deployment, produced: list[OutRecord]) -> None:
+    output, duplicates, dead = await deployment.results()
+    produced_ids = sorted(json.loads(record.value or b"")["id"] for record in produced)
+    # None lost, none twice, none dead-lettered.
+    assert sorted(_ids(output) + _ids(duplicates)) == produced_ids
+    assert dead == []
+    kept, dropped = await deployment.single_core()
+    # The same verdicts as one core over the sequence topic's order, published in that order.
+    assert _ids(output) == kept
+    assert sorted(_ids(duplicates)) == sorted(dropped)
+
+
+@pytest.fixture
+async def deployment(kafka_bootstrap: str, topic_factory: Any, tmp_path: Path) -> Any:
+    topics = Topics(
+        input=await topic_factory(_PARTITIONS, prefix="in"),
+        output=await topic_factory(1, prefix="out"),
+        duplicates=await topic_factory(1, prefix="dup"),
+        dead_letters=await topic_factory(1, prefix="dlq"),
+    )
+    deployment = Deployment(kafka_bootstrap, topics, tmp_path)
+    try:
+        yield deployment
+    finally:
+        for process in deployment.processes.values():
+            process.kill()
+            process.wait(30)
+
+
+async def _deciding(deployment: Deployment) -> bool:
+    return deployment.decider() is not None
+
+
+async def started(deployment: Deployment, names: list[str]) -> None:
+    for name in names:
+        deployment.start(name)
+    await wait_for(lambda: _deciding(deployment), 120, "an instance to decide")
+
+
+async def test_three_instances_decide_near_copies_spread_over_partitions_as_one_core(deployment: Deployment) -> None:
+    await started(deployment, ["a", "b", "c"])
+    produced = clusters(0, 150, copies=2, seed=1)
+    await produce_records(deployment.bootstrap, deployment.topics.input, produced)
+    await deployment.settled(len(produced))
+    assert deployment.stop_all() == {"a": 0, "b": 0, "c": 0}
+    await assert_exactly_once_as_one_core(deployment, produced)
+    # Each cluster's copies came in at once on three partitions, and one of each was kept.
+    output, _, _ = await deployment.results()
+    assert sorted({doc_id.split("-")[0] for doc_id in _ids(output)}) == sorted(f"c{i}" for i in range(150))
+    assert len(output) == 150
+    # Every instance sequenced some of the input: the partitions were shared.
+    for name in ("a", "b", "c"):
+        assert "sequencing " in deployment.log(name).read_text()
+
+
+async def test_kill_9_of_a_random_instance_every_few_seconds_changes_nothing(deployment: Deployment) -> None:
+    """Input flows all along, in bursts every 0.2 s, while every few seconds a random instance (the decider as
+    often as not) is killed with SIGKILL and started again after up to 8 s (past its session timeout at times,
+    when the others take its roles over). Some bursts repeat earlier documents under new ids, on other
+    partitions."""
+    names = ["a", "b", "c"]
+    await started(deployment, names)
+    rng = random.Random(9)
+    produced: list[OutRecord] = []
+
+    async def feed() -> None:
+        for burst in range(150):
+            records = clusters(burst * 10, 10, copies=1, seed=1000 + burst)
+            if burst % 5 == 4:
+                records += [
+                    OutRecord(record.value.replace(b'"id": "', b'"id": "again-'), partition=(i + 3) % _PARTITIONS)
+                    for i, record in enumerate(rng.sample(produced, 10))
+                    if record.value is not None and b'"again-' not in record.value
+                ]
+            await produce_records(deployment.bootstrap, deployment.topics.input, records)
+            produced.extend(records)
+            await asyncio.sleep(0.2)
+
+    feeding = asyncio.create_task(feed())
+    kills = 0
+    while not feeding.done():
+        await asyncio.sleep(rng.uniform(2.0, 4.0))
+        victim = deployment.decider() if kills % 2 == 0 else rng.choice(names)
+        if victim is None or victim not in deployment.processes:
+            continue
+        deployment.kill(victim)
+        kills += 1
+        await asyncio.sleep(rng.uniform(0.5, 8.0))
+        deployment.start(victim)
+    await feeding
+    assert kills >= 5
+    await deployment.settled(len(produced), timeout=300)
+    assert set(deployment.stop_all().values()) == {0}
+    await assert_exactly_once_as_one_core(deployment, produced)
+    # The repeated documents were all caught.
+    _, duplicates, _ = await deployment.results()
+    again = {json.loads(record.value or b"")["id"] for record in produced if b'"again-' in (record.value or b"")}
+    assert again and {doc_id for doc_id in _ids(duplicates) if doc_id.startswith("again-")} == again
+
+
+async def test_a_frozen_decider_is_fenced_and_stands_by_when_it_wakes(deployment: Deployment) -> None:
+    await started(deployment, ["a", "b"])
+    first = clusters(0, 40, copies=1, seed=3)
+    await produce_records(deployment.bootstrap, deployment.topics.input, first)
+    await deployment.settled(len(first))
+    frozen = deployment.decider()
+    assert frozen is not None
+    other = "b" if frozen == "a" else "a"
+    took_over = deployment.log(other).read_text().count("deciding the sequence topic") + 1
+    deployment.processes[frozen].send_signal(signal.SIGSTOP)
+    await wait_for(lambda: _state_is(deployment.processes[frozen].pid, "T"), 10, "the decider to stop")
+    second = clusters(40, 40, copies=1, seed=4)
+    await produce_records(deployment.bootstrap, deployment.topics.input, second)
+    await wait_for(lambda: _logged(deployment.log(other), "deciding the sequence topic", took_over), 90, "a takeover")
+    await asyncio.sleep(1.5 * max(_SESSION_MS, _TRANSACTION_MS) / 1000)
+    deployment.processes[frozen].send_signal(signal.SIGCONT)
+    third = clusters(80, 40, copies=1, seed=5)
+    await produce_records(deployment.bootstrap, deployment.topics.input, third)
+    produced = first + second + third
+    await deployment.settled(len(produced))
+    # The woken instance was fenced and went on standing by; it did not exit.
+    assert deployment.processes[frozen].poll() is None
+    assert set(deployment.stop_all().values()) == {0}
+    await assert_exactly_once_as_one_core(deployment, produced)
+
+
+async def test_a_standby_follows_the_decider_and_takes_over_with_nothing_to_replay(deployment: Deployment) -> None:
+    await started(deployment, ["a", "b"])
+    first = clusters(0, 200, copies=1, seed=8)
+    await produce_records(deployment.bootstrap, deployment.topics.input, first)
+    await deployment.settled(len(first))
+    decider = deployment.decider()
+    assert decider is not None
+    standby = "b" if decider == "a" else "a"
+    followed = deployment.log(standby).read_text()
+    assert "replaying those records" not in followed
+    # It left the group: the standby is given the sequence partition at once, level with the decider.
+    assert deployment.stop(decider) == 0
+    await wait_for(lambda: _logged(deployment.log(standby), "owning all 1 input partitions", 1), 60, "a takeover")
+    takeover = deployment.log(standby).read_text()[len(followed) :]
+    assert "deciding the sequence topic" in takeover
+    assert "replaying those records" not in takeover
+    second = [
+        OutRecord(record.value.replace(b'"id": "', b'"id": "copy-'), partition=(i + 2) % _PARTITIONS)
+        for i, record in enumerate(first)
+        if record.value is not None
+    ]
+    await produce_records(deployment.bootstrap, deployment.topics.input, second)
+    produced = first + second
+    await deployment.settled(len(produced))
+    assert set(deployment.stop_all().values()) == {0}
+    await assert_exactly_once_as_one_core(deployment, produced)
+    output, _, _ = await deployment.results()
+    assert not [doc_id for doc_id in _ids(output) if doc_id.startswith("copy-")]
+
+
+async def test_an_index_deleted_on_every_instance_is_rebuilt_from_the_sequence_topic(deployment: Deployment) -> None:
+    await started(deployment, ["a", "b"])
+    first = clusters(0, 60, copies=1, seed=6)
+    await produce_records(deployment.bootstrap, deployment.topics.input, first)
+    await deployment.settled(len(first))
+    assert deployment.stop_all() == {"a": 0, "b": 0}
+    for name in ("a", "b"):
+        shutil.rmtree(deployment.index_path(name))
+    for name in ("a", "b"):
+        deployment.start(name)
+    # Copies (new ids) of the first documents, and new ones.
+    copies = [
+        OutRecord(record.value.replace(b'"id": "', b'"id": "copy-'), partition=(i + 1) % _PARTITIONS)
+        for i, record in enumerate(first[::2])
+        if record.value is not None
+    ]
+    second = clusters(60, 20, copies=1, seed=7)
+    await produce_records(deployment.bootstrap, deployment.topics.input, copies + second)
+    produced = first + copies + second
+    await deployment.settled(len(produced))
+    assert set(deployment.stop_all().values()) == {0}
+    await assert_exactly_once_as_one_core(deployment, produced)
+    _, duplicates, _ = await deployment.results()
+    assert {doc_id for doc_id in _ids(duplicates) if doc_id.startswith("copy-")} == {f"copy-c{i}-0" for i in range(60)}
+
+
+async def _state_is(pid: int, state: str) -> bool:
+    return process_state(pid) == state
+
+
+async def _logged(path: Path, text: str, count: int) -> bool:
+    return path.read_text().count(text) >= count
