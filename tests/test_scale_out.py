@@ -44,6 +44,8 @@ class Deployment:
     root: Path
     unique: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # Signing workers per instance (none: the sequencer signs in a thread, the decider's process keys).
+    workers: int = 0
 
     @property
     def sequence_topic(self) -> str:
@@ -69,7 +71,7 @@ class Deployment:
             "index": {"path": str(self.index_path(name)), "expected_entries": 100_000, "max_age_seconds": None},
             "input": {"id_field": "id"},
             "metrics": {"enabled": False},
-            "dedup": {"workers": 0},
+            "dedup": {"workers": self.workers},
             "logging": {"format": "json"},
         }
 
@@ -134,7 +136,8 @@ class Deployment:
 
 
 def _single_core(settings: Settings, fetched: list[ConsumerRecord]) -> tuple[list[str], list[str]]:
-    records, origins = Origins(sequenced=True).carried(fetched)
+    carried = Origins(sequenced=True).carried(fetched)
+    records, origins = carried.records, carried.origins
     decoded = DocumentDecoder(settings.input).decode_many(
         [record.value for record in records],
         default_ids=[f"{r.topic}-{r.partition}-{r.offset}" for r in records],
@@ -210,6 +213,7 @@ async def started(deployment: Deployment, names: list[str]) -> None:
 
 
 async def test_three_instances_decide_near_copies_spread_over_partitions_as_one_core(deployment: Deployment) -> None:
+    deployment.workers = 1
     await started(deployment, ["a", "b", "c"])
     produced = clusters(0, 150, copies=2, seed=1)
     await produce_records(deployment.bootstrap, deployment.topics.input, produced)
@@ -307,8 +311,9 @@ async def test_a_standby_follows_the_decider_and_takes_over_with_nothing_to_repl
     followed = deployment.log(standby).read_text()
     assert "replaying those records" not in followed
     # It left the group: the standby is given the sequence partition at once, level with the decider.
+    owned = followed.count("owning all 1 input partitions") + 1
     assert deployment.stop(decider) == 0
-    await wait_for(lambda: _logged(deployment.log(standby), "owning all 1 input partitions", 1), 60, "a takeover")
+    await wait_for(lambda: _logged(deployment.log(standby), "owning all 1 input partitions", owned), 60, "a takeover")
     takeover = deployment.log(standby).read_text()[len(followed) :]
     assert "deciding the sequence topic" in takeover
     assert "replaying those records" not in takeover

@@ -15,7 +15,9 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import Future
 from functools import reduce
+from typing import cast
 
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
@@ -29,9 +31,10 @@ from ..kafka.producer import TransactionalProducer
 from ..lifecycle import StopRequest
 from ..metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from ..settings import Settings
+from ..signature import Signatures, signing_id
 from .backoff import Backoff
 from .batch import BatchOutput, Decided, Prepared, crashed
-from .origins import Origin, Origins
+from .origins import Carried, Origin, Origins
 from .partition_ownership import Ownership, PartitionOwnership
 from .signer_supervisor import SignerSupervisor
 from .stats import DeadLetterLog, ServiceStats
@@ -88,6 +91,7 @@ class BatchPipeline:
         self._stop = stop
         self._decoder = DocumentDecoder(settings.input)
         self.origins = Origins(sequenced=settings.kafka.sequence_topic is not None)
+        self._signing = signing_id(settings.fingerprint, settings.dedup)
         self.output = BatchOutput(settings)
         self.batch_lock = asyncio.Lock()
         self._in_flight: asyncio.Task[None] | None = None
@@ -367,7 +371,8 @@ class BatchPipeline:
     def _prepare(self, fetched: Sequence[ConsumerRecord]) -> Prepared:
         """Decode a fetched batch and hand its texts to the signing workers; nothing is decided yet."""
         started = time.perf_counter()
-        records, origins = self.origins.carried(fetched)
+        carried = self.origins.carried(fetched)
+        records, origins = carried.records, carried.origins
         clamped = self._decoder.clamped_times
         decoded = self._decoder.decode_many(
             [record.value for record in records],
@@ -377,12 +382,26 @@ class BatchPipeline:
         )
         self._metrics.record_clamped_times(self._decoder.clamped_times - clamped)
         decoded = self.output.fitting(records, decoded)
-        documents = [item for item in decoded if type(item) is Document]
+        rows = [row for row, item in enumerate(decoded) if type(item) is Document]
+        documents = [cast(Document, decoded[row]) for row in rows]
         # Plain tuples per record (a TopicPartition is several times dearer to build), one per partition after.
         last_offsets = {(record.topic, record.partition): record.offset for record in fetched}
         next_offsets = {TopicPartition(*partition): offset + 1 for partition, offset in last_offsets.items()}
-        signing = self._signers.submit([doc.text for doc in documents])
+        signing = self._signed(carried, rows) or self._signers.submit([doc.text for doc in documents])
         return Prepared(fetched, records, origins, decoded, documents, next_offsets, signing, started)
+
+    def _signed(self, carried: Carried, rows: list[int]) -> Future[Signatures] | None:
+        """The signatures the sequencing instances made of these records' documents, if they made them all
+        as this instance would."""
+        signed = carried.signed
+        if signed is None or signed.signing != self._signing:
+            return None
+        signatures = signed.of_rows(rows)
+        if signatures is None:
+            return None
+        done: Future[Signatures] = Future()
+        done.set_result(signatures)
+        return done
 
     def _index_offsets(self, next_offsets: dict[TopicPartition, int]) -> dict[tuple[str, int], int]:
         """The offsets the index keeps for these offsets of fetched partitions."""

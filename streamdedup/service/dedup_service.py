@@ -76,8 +76,9 @@ class DedupService(Lifecycle):
         self._stop = StopRequest()
         self._ownership = PartitionOwnership()
         self._dead_letters = DeadLetterLog(_DEAD_LETTER_LOG_SECONDS)
-        self._signers = SignerSupervisor(settings, self._decisions, self.metrics, self._stop)
-        self._sequencer = None if kafka.sequence_topic is None else Sequencer(settings, self.metrics)
+        sequenced = kafka.sequence_topic is not None
+        self._signers = SignerSupervisor(settings, self._decisions, self.metrics, self._stop, keyed=not sequenced)
+        self._sequencer = Sequencer(settings, self.metrics, self._signers) if sequenced else None
         self._pipeline = BatchPipeline(
             deciding,
             metrics=self.metrics,

@@ -11,17 +11,28 @@ sequence records, and a replay of one meets what its first run met.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from ..kafka.consumer import Unreadable
-from ..kafka.sequence_records import SEQUENCE_POSITION_BITS, NotASequenceRecord, unpacked
+from ..kafka.sequence_records import SEQUENCE_POSITION_BITS, NotASequenceRecord, SignedRecords, unpacked
 
-__all__ = ["Origin", "Origins"]
+__all__ = ["Carried", "Origin", "Origins"]
 
 Origin = tuple[str, int, int]
 """(topic, partition, offset) in the index's offsets."""
+
+
+@dataclass(frozen=True)
+class Carried:
+    """The input records of a fetched batch, each one's origin, and their signatures when every sequence
+    record of the batch brought them."""
+
+    records: list[ConsumerRecord]
+    origins: list[Origin]
+    signed: SignedRecords | None = None
 
 
 class Origins:
@@ -31,22 +42,26 @@ class Origins:
         self.sequenced = sequenced
         self._shift = SEQUENCE_POSITION_BITS if sequenced else 0
 
-    def carried(self, fetched: Sequence[ConsumerRecord]) -> tuple[list[ConsumerRecord], list[Origin]]:
+    def carried(self, fetched: Sequence[ConsumerRecord]) -> Carried:
         """The input records ``fetched`` carries, in order, and each one's origin. A sequence record that cannot
         be unpacked stands for itself, as :class:`Unreadable` (dead-lettered, and the batch goes on)."""
         if not self.sequenced:
-            return list(fetched), [(record.topic, record.partition, record.offset) for record in fetched]
+            return Carried(list(fetched), [(record.topic, record.partition, record.offset) for record in fetched])
         records: list[ConsumerRecord] = []
         origins: list[Origin] = []
+        signed: list[SignedRecords | None] = []
         for record in fetched:
             try:
-                carried = unpacked(record)
+                batch = unpacked(record)
+                carried, signed_rows = batch.records, batch.signed
             except NotASequenceRecord as exc:
                 carried = [Unreadable.at(TopicPartition(record.topic, record.partition), record.offset, exc)]
+                signed_rows = None
             first = record.offset << self._shift
             records += carried
             origins += [(record.topic, record.partition, first + position) for position in range(len(carried))]
-        return records, origins
+            signed.append(signed_rows)
+        return Carried(records, origins, SignedRecords.joined(signed))
 
     def index_offset(self, kafka_offset: int) -> int:
         """The index's offset for this offset of a fetched partition (the start of its sequence record)."""

@@ -5,6 +5,9 @@ records of the partitions it holds to the one-partition sequence topic, a packed
 (:mod:`..kafka.sequence_records`). The sequence topic's order is then the order in which the deciding instance
 decides: near-copies that arrive at the same moment on different partitions are decided one after the other.
 
+Signing needs no shared state, so it happens here: the sequencer decodes each batch, has the signing workers sign
+its documents, and packs their signatures with the records. The decider and its standbys key and decide them.
+
 Exactly once: each input partition has a transactional id of its own, and a batch's sequence records commit in
 one Kafka transaction with the partition's offset after them. Whoever takes a partition over starts a producer
 under its id first, which fences the instance that had it (frozen or not) and ends that one's open transaction,
@@ -18,22 +21,26 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from itertools import groupby
+from typing import cast
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
+from ..document import Document, DocumentDecoder
 from ..kafka.admin import admin_client, ensure_topics, partition_counts, wait_for_group_coordinator
 from ..kafka.clients import common_options
 from ..kafka.consumer import BatchConsumer
 from ..kafka.producer import TransactionalProducer
 from ..kafka.records import OutgoingRecord, topic_record_limits
-from ..kafka.sequence_records import packed
+from ..kafka.sequence_records import SignedRecords, packed
 from ..lifecycle import Lifecycle, StopRequest
 from ..metrics import ServiceMetrics
 from ..settings import ConfigError, Settings
+from ..signature import Signer, signing_id
 from .backoff import Backoff
+from .signer_supervisor import SignerSupervisor
 
 __all__ = ["Sequencer", "prepare_sequence_topic", "sequence_topic_configs"]
 
@@ -80,11 +87,16 @@ class Sequencer(Lifecycle):
     """``start()`` launches the sequencing loop; ``stop()`` finishes the batch in flight and closes. A Kafka error
     ends a session (its clients); the next one starts after a pause."""
 
-    def __init__(self, settings: Settings, metrics: ServiceMetrics) -> None:
+    def __init__(self, settings: Settings, metrics: ServiceMetrics, signers: SignerSupervisor) -> None:
         topic = settings.kafka.sequence_topic
         if topic is None:
             raise ValueError("a sequencer needs kafka.sequence_topic")
         self._settings = settings
+        self._signers = signers
+        self._decoder = DocumentDecoder(settings.input)
+        self._signing = signing_id(settings.fingerprint, settings.dedup)
+        # Signs in a thread while there are no signing workers.
+        self._signer = Signer(settings.fingerprint, settings.dedup)
         self._topic = topic
         self._metrics = metrics
         self._stop = StopRequest()
@@ -194,12 +206,27 @@ class Sequencer(Lifecycle):
 
     async def _sequenced(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
         kafka = self._settings.kafka
-        outgoing = [OutgoingRecord(self._topic, value, None, ()) for value in packed(records, self._limit)]
+        signed = await self._signed(records)
+        outgoing = [OutgoingRecord(self._topic, value, None, ()) for value in packed(records, self._limit, signed)]
         next_offset = records[-1].offset + 1
         async with asyncio.timeout(kafka.transaction_timeout_ms / 1000):
             await self._producers[tp].publish(outgoing, {tp: next_offset}, kafka.group_id)
         self._next[tp] = next_offset
         self._metrics.record_sequenced(tp.topic, len(records), len(outgoing))
+
+    async def _signed(self, records: list[ConsumerRecord]) -> SignedRecords:
+        """The signatures of the documents these records decode into (the decider decodes them alike)."""
+        decoded = self._decoder.decode_many(
+            [record.value for record in records],
+            default_ids=[f"{record.topic}-{record.partition}-{record.offset}" for record in records],
+            timestamps=[record.timestamp / 1000.0 for record in records],
+        )
+        rows = [row for row, item in enumerate(decoded) if type(item) is Document]
+        texts = [cast(Document, decoded[row]).text for row in rows]
+        signatures = await self._signers.signatures(self._signers.submit(texts))
+        if signatures is None:
+            signatures = await asyncio.to_thread(self._signer.sign, texts)
+        return SignedRecords.of(self._signing, len(records), rows, signatures)
 
     async def _assigned(self, assigned: frozenset[TopicPartition]) -> None:
         async with self._lock:

@@ -29,12 +29,20 @@ _SIGNERS_RETRY_MAX_SECONDS = 60.0
 
 class SignerSupervisor(Lifecycle):
     """``start()`` spawns ``dedup.workers`` signing workers (none: the decision core signs every batch) once the
-    index is open (they key batches under its plan); ``stop()`` stops them and any replacement under way."""
+    index is open (``keyed``: they key batches under its plan, for the decision core; else they only sign, for
+    a sequencer, whose batches the decider keys together); ``stop()`` stops them and any replacement under way."""
 
     def __init__(
-        self, settings: Settings, decisions: DecisionProcess, metrics: ServiceMetrics, stop: StopRequest
+        self,
+        settings: Settings,
+        decisions: DecisionProcess,
+        metrics: ServiceMetrics,
+        stop: StopRequest,
+        *,
+        keyed: bool = True,
     ) -> None:
         self._settings = settings
+        self._keyed = keyed
         self._decisions = decisions
         self._metrics = metrics
         self._stop = stop
@@ -79,7 +87,7 @@ class SignerSupervisor(Lifecycle):
             self._settings.fingerprint,
             self._settings.dedup,
             self._settings.dedup.workers,
-            self._decisions.plan,
+            self._decisions.plan if self._keyed else None,
             # Every death of one of its workers, found the moment it happens (the stream may be idle), and only
             # there: a batch whose worker died is signed by the decision core and reports nothing.
             on_death=lambda pool: self._report_death(loop, pool),

@@ -17,9 +17,10 @@ def record(topic: str, partition: int, offset: int, value: bytes | None) -> Cons
 
 def test_input_read_directly_is_its_own_origin_and_offsets_stay_as_they_are() -> None:
     fetched = [record("in", 2, 40, b"a"), record("in", 3, 7, b"b")]
-    records, origins = Origins(sequenced=False).carried(fetched)
-    assert records == fetched
-    assert origins == [("in", 2, 40), ("in", 3, 7)]
+    carried = Origins(sequenced=False).carried(fetched)
+    assert carried.records == fetched
+    assert carried.origins == [("in", 2, 40), ("in", 3, 7)]
+    assert carried.signed is None
     assert Origins(sequenced=False).index_offset(41) == 41 == Origins(sequenced=False).kafka_offset(41)
 
 
@@ -28,7 +29,7 @@ def test_each_record_a_sequence_record_carries_gets_an_origin_of_its_own_below_t
     second = packed([record("in", 0, 3, b"z")], 10_000)[0]
     fetched = [record("seq", 0, 8, first), record("seq", 0, 9, second)]
     origins = Origins(sequenced=True)
-    records, carried = origins.carried(fetched)
+    records, carried = origins.carried(fetched).records, origins.carried(fetched).origins
     assert [(r.topic, r.partition, r.offset, r.value) for r in records] == [
         ("in", 1, 10, b"x"),
         ("in", 1, 11, b"y"),
@@ -43,7 +44,8 @@ def test_each_record_a_sequence_record_carries_gets_an_origin_of_its_own_below_t
 
 
 def test_a_record_of_the_sequence_topic_that_is_not_one_is_unreadable_at_its_own_offset() -> None:
-    records, carried = Origins(sequenced=True).carried([record("seq", 0, 4, b"\xc1not msgpack")])
+    batch = Origins(sequenced=True).carried([record("seq", 0, 4, b"\xc1not msgpack")])
+    records, carried = batch.records, batch.origins
     assert len(records) == 1 and isinstance(records[0], Unreadable)
     assert (records[0].topic, records[0].offset) == ("seq", 4)
     assert "not a sequence record" in str(records[0].error)
