@@ -245,6 +245,8 @@ class KafkaSettings(Section):
     retry_backoff_max_seconds: float = Field(default=30.0, gt=0)
     # None: one instance owns every input partition. A topic: scale out (see ``decider``).
     sequence_topic: str | None = None
+    # Scaled out: one instance that does not decide keeps its index level with the decider's (a warm standby).
+    warm_standby: bool = True
     security: KafkaSecuritySettings = KafkaSecuritySettings()
 
     @model_validator(mode="after")

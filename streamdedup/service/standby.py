@@ -1,9 +1,12 @@
-"""A warm standby: while another instance decides the sequence topic, this one keeps its index level with it.
+"""The warm standby: while another instance decides the sequence topic, one other keeps its index level with it.
 
-The decider's committed offset on the sequence topic says how far its decisions are final. A standby reads the
-sequence topic up to there and decides it into its own index, publishing nothing: the decision core's verdicts
-depend only on the order, so its index becomes the decider's. When Kafka hands it the sequence partition, it
-has only the last few batches to replay (``Reconciler``) before it decides.
+Instances that do not decide join the standby group (the decider group's name plus ``.standby``), which Kafka
+gives the sequence partition to one of them: that one follows. The decider's committed offset on the sequence
+topic says how far its decisions are final; the standby reads the sequence topic up to there and decides it
+into its own index, publishing nothing. The decision core's verdicts depend only on the order, so its index
+becomes the decider's, and when Kafka hands it the decider's partition it has little or nothing to replay
+(``Reconciler``) before it decides. Following costs a decider's CPU, so there is one standby, not one per
+instance; with ``kafka.warm_standby`` off there is none, and a new decider replays what its index lacks.
 """
 
 from __future__ import annotations
@@ -51,29 +54,45 @@ class Standby:
         self._partition = TopicPartition(topic, 0)
 
     async def until_assigned(self, consumer: BatchConsumer) -> bool:
-        """Follow until ``consumer`` (in the decider group) holds the sequence partition (True), or a stop
-        (False). The consumer keeps polling meanwhile, so that the group keeps this member."""
+        """Stand by until ``consumer`` (in the decider group) holds the sequence partition (True), or a stop
+        (False), following the decider while the standby group gives this instance the partition. Both
+        consumers keep polling meanwhile, so that their groups keep this member."""
         kafka = self._settings.kafka
         if consumer.assignment():
             return not self._stop.is_set()
         log.info("standing by: another instance decides the sequence topic %s", self._partition.topic)
+        if not kafka.warm_standby:
+            while not consumer.assignment() and not self._stop.is_set():
+                await consumer.batch()
+            return not self._stop.is_set()
         follower = AIOKafkaConsumer(
+            group_id=f"{kafka.group_id}.standby",
+            group_instance_id=kafka.group_instance_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
             fetch_max_bytes=kafka.fetch_max_bytes,
+            session_timeout_ms=kafka.session_timeout_ms,
+            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
             **common_options(kafka),
         )
         await follower.start()
+        following = False
         try:
-            follower.assign([self._partition])
+            follower.subscribe([self._partition.topic])
             while not consumer.assignment():
                 if self._stop.is_set():
                     return False
-                if not await self._followed(consumer, follower):
+                if following != bool(follower.assignment()):
+                    following = not following
+                    log.info("%s the decider", "following" if following else "no longer following")
+                    self._metrics.record_standby_lag(0)
+                if not (following and await self._followed(consumer, follower)):
+                    await follower.getmany(timeout_ms=0)
                     await self._stop.sleep(_LEVEL_POLL_SECONDS)
                 await consumer.batch(wait=False)
         finally:
+            # Leaving the group hands the standby's part to another instance.
             await follower.stop()
         return not self._stop.is_set()
 
