@@ -66,8 +66,8 @@ class Standby:
                 await consumer.batch()
             return not self._stop.is_set()
         follower = AIOKafkaConsumer(
+            # A dynamic member: leaving the group (to decide, or to stop) hands the standby's part over at once.
             group_id=f"{kafka.group_id}.standby",
-            group_instance_id=kafka.group_instance_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
@@ -92,7 +92,6 @@ class Standby:
                     await self._stop.sleep(_LEVEL_POLL_SECONDS)
                 await consumer.batch(wait=False)
         finally:
-            # Leaving the group hands the standby's part to another instance.
             await follower.stop()
         return not self._stop.is_set()
 
