@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
@@ -53,7 +54,8 @@ class BatchConsumer(Lifecycle):
     """An ``AIOKafkaConsumer`` in the settings' group, offsets committed only through transactions.
 
     ``on_revoked`` is awaited before partitions go away (the service finishes its batch there);
-    ``on_assigned`` after new ones arrive (the service reconciles its index there or soon after).
+    ``on_assigned`` after new ones arrive (the service reconciles its index there or soon after). ``assignors``:
+    how the group's leader assigns partitions (aiokafka's round robin by default).
     """
 
     def __init__(
@@ -63,8 +65,10 @@ class BatchConsumer(Lifecycle):
         max_message_bytes: int,
         on_assigned: RebalanceHandler,
         on_revoked: RebalanceHandler,
+        assignors: Sequence[object] | None = None,
     ) -> None:
         self.settings = settings
+        self._assignors = (RoundRobinPartitionAssignor,) if assignors is None else tuple(assignors)
         self._max_message_bytes = max_message_bytes
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
@@ -88,6 +92,7 @@ class BatchConsumer(Lifecycle):
             max_partition_fetch_bytes=max(1_048_576, self._max_message_bytes + 65_536),
             session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=s.heartbeat_interval_ms,
+            partition_assignment_strategy=self._assignors,
             **common_options(s),
         )
         await consumer.start()

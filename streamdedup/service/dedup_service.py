@@ -23,6 +23,7 @@ from ..index import STORAGE_ERRORS
 from ..kafka.admin import admin_client, ensure_topics, wait_for_group_coordinator
 from ..kafka.clients import common_options
 from ..kafka.consumer import BatchConsumer
+from ..kafka.decider_assignor import DeciderAssignor, DeciderClaim
 from ..kafka.producer import TransactionalProducer
 from ..kafka.records import topic_record_limits
 from ..lifecycle import Lifecycle, StopRequest
@@ -64,6 +65,8 @@ class DedupService(Lifecycle):
         # gives it that topic's partition; everything after the sequencer sees the sequence topic as its input.
         deciding = settings if kafka.sequence_topic is None else settings.decider()
         self._kafka = deciding.kafka
+        # What this instance tells the decider group when it joins (scaled out).
+        self._claim = DeciderClaim()
         self.metrics = ServiceMetrics(
             radius=settings.index.radius,
             width=settings.fingerprint.width,
@@ -101,7 +104,12 @@ class DedupService(Lifecycle):
             None
             if kafka.sequence_topic is None
             else Standby(
-                deciding, metrics=self.metrics, decisions=self._decisions, pipeline=self._pipeline, stop=self._stop
+                deciding,
+                metrics=self.metrics,
+                decisions=self._decisions,
+                pipeline=self._pipeline,
+                claim=self._claim,
+                stop=self._stop,
             )
         )
         self._health: HealthServer | None = None
@@ -263,11 +271,13 @@ class DedupService(Lifecycle):
         decides until the partition moves. The others stand by."""
         kafka = self._kafka
         self._pipeline.output.limits = await self._prepare_cluster()
+        await standby.claim_progress()
         consumer = self._consumer()
         self._ownership.connect()
         try:
             async with consumer:
                 while await standby.until_assigned(consumer):
+                    self._claim.deciding = True
                     self.metrics.record_roles(deciding=True)
                     try:
                         async with TransactionalProducer(kafka) as producer:
@@ -278,6 +288,7 @@ class DedupService(Lifecycle):
                                 await producer.check_not_fenced()
                                 await self._reconciler.reconcile(consumer)
                     finally:
+                        self._claim.deciding = False
                         self.metrics.record_roles(deciding=False)
         finally:
             self._ownership.disconnect()
@@ -286,11 +297,13 @@ class DedupService(Lifecycle):
 
     def _consumer(self) -> BatchConsumer:
         """The consumer of the input (or of the sequence topic), with the reconciler as its rebalance listener."""
+        scaled_out = self._kafka.sequence_topic is not None
         return BatchConsumer(
             self._kafka,
             max_message_bytes=self.settings.input.max_message_bytes,
             on_assigned=self._reconciler.on_assigned,
             on_revoked=self._reconciler.on_revoked,
+            assignors=(DeciderAssignor(self._claim),) if scaled_out else None,
         )
 
     def _output_topics(self) -> list[str]:

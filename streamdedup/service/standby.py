@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from ..decision_process import DecisionProcess
 from ..kafka.clients import common_options
 from ..kafka.consumer import BatchConsumer
+from ..kafka.decider_assignor import DeciderClaim
 from ..lifecycle import StopRequest
 from ..metrics import ServiceMetrics
 from ..settings import Settings
@@ -41,6 +42,7 @@ class Standby:
         metrics: ServiceMetrics,
         decisions: DecisionProcess,
         pipeline: BatchPipeline,
+        claim: DeciderClaim,
         stop: StopRequest,
     ) -> None:
         topic = settings.kafka.sequence_topic
@@ -50,6 +52,7 @@ class Standby:
         self._metrics = metrics
         self._decisions = decisions
         self._pipeline = pipeline
+        self._claim = claim
         self._stop = stop
         self._partition = TopicPartition(topic, 0)
 
@@ -87,20 +90,29 @@ class Standby:
                     following = not following
                     log.info("%s the decider", "following" if following else "no longer following")
                     self._metrics.record_standby_lag(0)
+                    self._metrics.record_roles(following=following)
                 if not (following and await self._followed(consumer, follower)):
                     await follower.getmany(timeout_ms=0)
                     await self._stop.sleep(_LEVEL_POLL_SECONDS)
                 await consumer.batch(wait=False)
         finally:
             await follower.stop()
+            self._metrics.record_roles(following=False)
         return not self._stop.is_set()
+
+    async def claim_progress(self) -> int:
+        """How far the index has got on the sequence topic, which is what this instance claims when it joins
+        the decider group (:mod:`..kafka.decider_assignor`)."""
+        tp = self._partition
+        stored = (await self._decisions.source_offsets()).get((tp.topic, tp.partition), 0)
+        self._claim.progress = self._pipeline.origins.kafka_offset(stored)
+        return self._claim.progress
 
     async def _followed(self, consumer: BatchConsumer, follower: AIOKafkaConsumer) -> bool:
         """Decide the next records the decider has committed and the index lacks; False when level."""
         tp = self._partition
         decided = (await consumer.committed([tp]))[tp] or 0
-        stored = (await self._decisions.source_offsets()).get((tp.topic, tp.partition), 0)
-        held = self._pipeline.origins.kafka_offset(stored)
+        held = await self.claim_progress()
         self._metrics.record_standby_lag(max(0, decided - held))
         if held >= decided:
             return False
