@@ -273,6 +273,9 @@ class ServiceMetrics:
             "1 while this instance decides (owns the sequence topic, or the input without one), 0 while it stands by.",
             **common,
         )
+        self.standby = Gauge(
+            "standby", "1 while this instance follows the decider as its warm standby, 0 otherwise.", **common
+        )
         self.standby_lag_records = Gauge(
             "standby_lag_records",
             "Sequence records the decider has decided and this standby's index has not (0 while deciding).",
@@ -403,12 +406,17 @@ class ServiceMetrics:
         self.sequenced_records.labels(topic=topic).inc(records)
         self.sequence_records_written.inc(written)
 
-    def record_roles(self, *, sequencing: int | None = None, deciding: bool | None = None) -> None:
-        """The input partitions this instance sequences, and whether it decides (None: unchanged)."""
+    def record_roles(
+        self, *, sequencing: int | None = None, deciding: bool | None = None, following: bool | None = None
+    ) -> None:
+        """The input partitions this instance sequences, whether it decides and whether it follows the decider
+        (None: unchanged)."""
         if sequencing is not None:
             self.sequencer_partitions.set(sequencing)
         if deciding is not None:
             self.decider.set(1 if deciding else 0)
+        if following is not None:
+            self.standby.set(1 if following else 0)
 
     def record_standby_lag(self, records: int) -> None:
         self.standby_lag_records.set(records)

@@ -59,6 +59,12 @@ EXPECTED_FAMILIES = {
     "streamdedup_transactions": ("counter", {"result"}),
     "streamdedup_worker_deaths": ("counter", {"worker"}),
     "streamdedup_last_commit_timestamp_seconds": ("gauge", set()),
+    "streamdedup_sequencer_partitions": ("gauge", set()),
+    "streamdedup_decider": ("gauge", set()),
+    "streamdedup_standby": ("gauge", set()),
+    "streamdedup_standby_lag_records": ("gauge", set()),
+    "streamdedup_sequenced_records": ("counter", {"topic"}),
+    "streamdedup_sequence_records_written": ("counter", set()),
     "streamdedup_build": ("info", {"version", "aiokafka_version"}),
 }
 
@@ -67,6 +73,7 @@ def populated() -> ServiceMetrics:
     """Metrics with at least one series in every labelled family, so label names are visible."""
     metrics = ServiceMetrics(input_topics=["in"], output_topics=["out"])
     metrics.record_lag({("in", 0): PartitionLag(records=3, seconds=1.5)})
+    metrics.record_sequenced("in", 3, 1)
     return metrics
 
 
@@ -371,3 +378,22 @@ def test_wide_distance_histogram_equals_one_observe_per_value(batches: list[list
         assert value(metrics, "streamdedup_match_distance_bits_bucket", le=bound) == oracle_registry.get_sample_value(
             "oracle_bucket", {"le": bound}
         )
+
+
+def test_roles_and_sequencing_are_reported_as_they_change() -> None:
+    metrics = ServiceMetrics()
+    metrics.record_roles(sequencing=3, deciding=True)
+    metrics.record_sequenced("news", 400, 2)
+    metrics.record_sequenced("news", 100, 1)
+    metrics.record_standby_lag(7)
+    assert value(metrics, "streamdedup_sequencer_partitions") == 3
+    assert value(metrics, "streamdedup_decider") == 1
+    assert value(metrics, "streamdedup_standby") == 0
+    assert value(metrics, "streamdedup_sequenced_records_total", topic="news") == 500
+    assert value(metrics, "streamdedup_sequence_records_written_total") == 3
+    assert value(metrics, "streamdedup_standby_lag_records") == 7
+    # Unnamed roles keep their values.
+    metrics.record_roles(following=True)
+    assert (value(metrics, "streamdedup_decider"), value(metrics, "streamdedup_standby")) == (1, 1)
+    metrics.record_roles(deciding=False, following=False, sequencing=0)
+    assert value(metrics, "streamdedup_decider") == value(metrics, "streamdedup_standby") == 0

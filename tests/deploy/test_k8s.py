@@ -161,14 +161,19 @@ def test_every_env_variable_names_a_setting_and_secrets_come_from_secrets() -> N
             assert "secretKeyRef" in item["valueFrom"], item["name"]
 
 
-def test_each_pod_has_its_own_transactional_id_and_static_membership(
+def test_pods_scale_out_with_static_membership_and_the_deployments_transactional_ids(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     settings = pod_settings(monkeypatch, tmp_path)
-    assert settings.kafka.group_instance_id == POD_NAME
-    # Derived from the group as well as the pod: another deployment (its own group) never fences this one.
-    assert settings.kafka.transactional_id is None
-    assert settings.kafka.producer_transactional_id == f"{settings.kafka.group_id}/{POD_NAME}"
+    kafka = settings.kafka
+    assert kafka.group_instance_id == POD_NAME
+    assert kafka.sequence_topic is not None and kafka.warm_standby
+    assert the("StatefulSet")["spec"]["replicas"] >= 2  # a decider and its warm standby
+    # The roles' transactional ids derive from the group, not the pod: whichever pod takes a partition or the
+    # sequence over fences the one that had it, and another deployment (its own group) never fences this one.
+    assert kafka.transactional_id is None
+    assert kafka.decider().producer_transactional_id == f"{kafka.group_id}.decider"
+    assert kafka.sequencer_transactional_id("news", 0) == f"{kafka.group_id}.sequencer.news.0"
 
 
 def test_the_topics_the_service_creates_have_three_replicas(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

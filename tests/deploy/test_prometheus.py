@@ -65,6 +65,8 @@ def test_the_issue_asks_for_these_alerts_and_the_workers_one() -> None:
         "StreamdedupIndexMapNearlyFull",
         "StreamdedupIndexStorageFailing",
         "StreamdedupWorkersDying",
+        "StreamdedupSequenceUndecided",
+        "StreamdedupStandbyBehind",
     }
     assert "up{" in expressions["StreamdedupDown"]
     assert "streamdedup_consumer_lag_records" in expressions["StreamdedupConsumerLagGrowing"]
@@ -73,6 +75,8 @@ def test_the_issue_asks_for_these_alerts_and_the_workers_one() -> None:
     assert "streamdedup_index_capacity_bytes" in expressions["StreamdedupIndexMapNearlyFull"]
     assert "streamdedup_index_storage_failing" in expressions["StreamdedupIndexStorageFailing"]
     assert "streamdedup_worker_deaths_total" in expressions["StreamdedupWorkersDying"]
+    assert "streamdedup_decider" in expressions["StreamdedupSequenceUndecided"]
+    assert "streamdedup_standby_lag_records" in expressions["StreamdedupStandbyBehind"]
 
 
 def test_alerts_use_only_exported_series_and_labels() -> None:
