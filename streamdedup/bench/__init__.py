@@ -10,7 +10,7 @@ from ..settings import Settings
 __all__ = ["BENCHMARKS", "LONG_BENCHMARKS", "run_bench"]
 
 BENCHMARKS = ("fingerprint", "index", "kafka", "quality")  # what `bench all` runs
-LONG_BENCHMARKS = ("growth", "adversarial")  # minutes each: run by name only
+LONG_BENCHMARKS = ("growth", "adversarial", "scale")  # minutes each: run by name only
 # The bench extra: the peers and what the benches measure the host with (pyproject.toml).
 _BENCH_EXTRA = frozenset({"simhash", "datasketch", "faiss", "psutil", "rensa", "matplotlib"})
 

@@ -10,11 +10,16 @@ less with the host's load than its rate does, so it tells what a change saved wh
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import psutil
 
-__all__ = ["CpuMeter", "StealClock", "describe_steal", "local_broker"]
+from ..kafka.broker import LocalBroker
+
+__all__ = ["CpuMeter", "StealClock", "bench_broker", "describe_steal", "local_broker"]
 
 
 class StealClock:
@@ -83,6 +88,23 @@ class CpuMeter:
 
 def _elapsed(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else end - start
+
+
+@contextmanager
+def bench_broker(bootstrap: str | None) -> Iterator[str]:
+    """The broker a Kafka benchmark runs on: ``bootstrap`` when given, else the local one (``var/kafka``),
+    started if it is not running and then stopped again."""
+    if bootstrap is not None:
+        yield bootstrap
+        return
+    broker = LocalBroker(Path("var") / "kafka")
+    was_running = broker.running()
+    address = broker.start()
+    try:
+        yield address
+    finally:
+        if not was_running:
+            broker.stop()
 
 
 def local_broker(bootstrap: str) -> psutil.Process | None:

@@ -39,7 +39,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from ..garbage import collecting_for_batches
 from ..kafka.admin import admin_client, ensure_topics, wait_for_group_coordinator
-from ..kafka.broker import LocalBroker
 from ..kafka.consumer import committed_reader
 from ..kafka.producer import send_batched
 from ..kafka.records import OutgoingRecord
@@ -48,7 +47,7 @@ from ..names import METRIC_PREFIX
 from ..service import DedupService
 from ..settings import Settings
 from .growth_corpus import DEFAULT_CORPUS, ensure_corpus, read_corpus
-from .host import CpuMeter, StealClock, describe_steal, local_broker
+from .host import CpuMeter, StealClock, bench_broker, describe_steal, local_broker
 
 __all__ = ["main"]
 
@@ -69,16 +68,10 @@ def main(options: list[str], settings: Settings) -> int:
     )
     args = parser.parse_args(options)
 
-    broker = None if args.bootstrap else LocalBroker(Path("var") / "kafka")
-    was_running = broker is None or broker.running()
-    bootstrap = args.bootstrap or broker.start()  # type: ignore[union-attr]
-    try:
+    with bench_broker(args.bootstrap) as bootstrap:
         if args.natural:
             return asyncio.run(_natural(settings, bootstrap, args.corpus, args.natural, args.window))
         return asyncio.run(_bench(settings, bootstrap, args))
-    finally:
-        if broker is not None and not was_running:
-            broker.stop()
 
 
 async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -> int:

@@ -1,0 +1,49 @@
+"""``streamdedup bench scale`` on the real broker, small: every instance count reports its rate and each instance's
+CPU by process and role, the fail-over is timed, and the bench removes what it made."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+from streamdedup.bench.scale import main
+from streamdedup.kafka.admin import admin_client
+from streamdedup.settings import Settings
+from tests.bench.test_growth import _small_corpus
+
+pytestmark = pytest.mark.integration
+
+
+async def _topics(bootstrap: str) -> set[str]:
+    async with admin_client(bootstrap_servers=bootstrap) as admin:
+        return set(await admin.list_topics())
+
+
+def test_each_instance_count_reports_its_rate_and_each_instances_cpu_and_the_fail_over_is_timed(
+    kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    _small_corpus(corpus, 3_000)
+    before = asyncio.run(_topics(kafka_bootstrap))
+    # One signing worker an instance: six processes on the test machine's cores, not eight.
+    settings = Settings(dedup={"workers": 1}, kafka={"session_timeout_ms": 6000})
+    options = ["--documents", "3000", "--instances", "1,2", "--failover-documents", "2000"]
+    assert main([*options, "--corpus", str(corpus), "--bootstrap", kafka_bootstrap], settings) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\| (\d+) \| ([\d,]+) \| (\w+) \((\w+)\) \| ([\d.,]+) \| ([\d.,]+) \| ([\d.,]+) \|$", out, re.M)
+    assert [(count, role) for count, _, _, role, *_ in rows] == [("1", "decider"), ("2", "decider")], out
+    assert all(float(rate.replace(",", "")) > 0 for _, rate, *_ in rows)
+    # The single instance sequences, signs and decides everything; with two, the other one follows or sequences.
+    assert all(
+        float(cpu.replace(",", "")) > 0 for *_, loop, sign, decide in rows[:1] for cpu in (loop, sign, decide)
+    ), out
+    others = re.findall(r"^\| \| \| (\w+) \((standby|sequencer)\) \|", out, re.M)
+    assert len(others) == 1, out
+    failover = re.search(r"fail-over: ([\d.]+) s from SIGKILL of the decider .* holding ([\d,]+) entries", out)
+    assert failover, out
+    assert 0.0 < float(failover.group(1)) < 60.0
+    assert 0 < int(failover.group(2).replace(",", "")) <= 2000
+    assert asyncio.run(_topics(kafka_bootstrap)) - before == set()
