@@ -135,11 +135,6 @@ class Sequencer(Lifecycle):
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    @property
-    def partitions(self) -> frozenset[TopicPartition]:
-        """The input partitions this instance sequences now."""
-        return frozenset(self._producers)
-
     async def _main(self) -> None:
         kafka = self._settings.kafka
         backoff = Backoff(kafka.retry_backoff_seconds, kafka.retry_backoff_max_seconds)
