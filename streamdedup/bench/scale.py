@@ -1,7 +1,8 @@
 """``streamdedup bench scale``: a scaled-out deployment (``kafka.sequence_topic``) of 1, 2 and 3 instances on the
 local broker, and its fail-over.
 
-Each instance count runs a fresh deployment (topics, groups, index folders) over the same documents: the first
+Each instance count runs a fresh deployment (topics, groups, index folders) over the same documents, after one
+instance without a sequence topic (the default configuration, for reference): the first
 ``--documents`` of ``bench growth``'s corpus (natural text), produced on an input topic of ``--partitions``
 partitions once every instance holds its roles. The instances are ``streamdedup run`` processes with the given
 settings and the deployment's names. For each count it prints documents/s from the first document out to the
@@ -51,7 +52,7 @@ from .host import StealClock, bench_broker, describe_steal, local_broker
 __all__ = ["main"]
 
 _STAGES = ("event loop", "signing workers", "decision process")
-_ROLES = ("decider", "standby", "sequencer")
+_ROLES = ("single", "decider", "standby", "sequencer")
 _STARTUP_SECONDS = 180.0
 # A deployment that puts out nothing for this long is stuck: the bench says so rather than wait for ever.
 _WAIT_OUT_SECONDS = 1800.0
@@ -91,16 +92,18 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
         )
         print("| instances | docs/s | instance | " + " | ".join(f"{stage} us/doc" for stage in _STAGES) + " |")
         print("|---|---|---|" + "---|" * len(_STAGES))
-        for count in counts:
+        # The reference first, in the same run: one instance without a sequence topic.
+        for count, scaled_out in [(1, False), *((count, True) for count in counts)]:
             steal = StealClock()
             source = f"bench-scale-{uuid.uuid4().hex[:8]}"
             await _create(bootstrap, {source: args.partitions})
-            deployment = _Deployment(settings, bootstrap, Path(work) / f"n{count}", source)
+            deployment = _Deployment(settings, bootstrap, Path(work) / f"n{count}-{scaled_out}", source, scaled_out)
             out, cpu = await deployment.backlog([f"i{n}" for n in range(count)], values, broker)
             rate = len(values) / max(out.last - out.first, 1e-9)
+            label = str(count) if scaled_out else "1, no sequence topic"
             for number, (role, seconds) in enumerate(sorted(cpu.items(), key=lambda item: _ROLES.index(item[0][0]))):
                 per_doc = " | ".join(f"{1e6 * seconds[stage] / len(values):,.1f}" for stage in _STAGES)
-                first = f"| {count} | {rate:,.0f} |" if number == 0 else "| | |"
+                first = f"| {label} | {rate:,.0f} |" if number == 0 else "| | |"
                 print(f"{first} {role[1]} ({role[0]}) | {per_doc} |")
             broker_cpu = deployment.broker_seconds
             print(
@@ -120,7 +123,7 @@ async def _failover(settings: Settings, bootstrap: str, work: Path, documents: i
     rng = random.Random(0)
     alphabet = "abcdefghijklmnopqrstuvwxyz"
     texts = [" ".join("".join(rng.choices(alphabet, k=rng.randint(3, 9))) for _ in range(20)) for _ in range(documents)]
-    deployment = _Deployment(settings, bootstrap, work, source)
+    deployment = _Deployment(settings, bootstrap, work, source, scaled_out=True)
     try:
         kept = (await deployment.backlog(["a", "b"], [orjson.dumps({"text": text}) for text in texts], None))[0].kept
         decider = deployment.decider()
@@ -189,6 +192,8 @@ class _Deployment:
     bootstrap: str
     work: Path
     source: str
+    # False: the single instance of the default configuration (no sequence topic), for reference.
+    scaled_out: bool
     unique: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     instances: dict[str, _Instance] = field(default_factory=dict)
     broker_seconds: float = 0.0
@@ -207,7 +212,7 @@ class _Deployment:
             output_topic=topics["out"],
             duplicates_topic=topics["dup"],
             dead_letter_topic=topics["dlq"],
-            sequence_topic=topics["seq"],
+            sequence_topic=topics["seq"] if self.scaled_out else None,
             group_id=f"bench-scale-{self.unique}",
             group_instance_id=name,
             transactional_id=None,
@@ -253,14 +258,20 @@ class _Deployment:
         return out, cpu
 
     def _settled(self, names: Sequence[str]) -> bool:
-        """Every instance sequences some input, one decides and (with more than one) one follows it."""
+        """Every instance sequences some input, one decides and (with more than one) one follows it; without a
+        sequence topic, the instance owns the input."""
         logs = [self.instances[name].log.read_text() for name in names]
+        if not self.scaled_out:
+            return all("owning all" in text for text in logs)
         sequencing = all("sequencing " in text for text in logs)
         following = len(names) == 1 or any("following the decider" in text for text in logs)
         return sequencing and following and self.decider() is not None
 
     def role(self, name: str) -> str:
-        """The instance's role at the end: decider, standby (it follows the decider) or sequencer."""
+        """The instance's role at the end: decider, standby (it follows the decider) or sequencer; ``single``
+        without a sequence topic."""
+        if not self.scaled_out:
+            return "single"
         if name == self.decider():
             return "decider"
         text = self.instances[name].log.read_text()

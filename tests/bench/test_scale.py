@@ -40,6 +40,8 @@ def test_each_instance_count_reports_its_rate_and_each_instances_cpu_and_the_fai
     assert all(
         float(cpu.replace(",", "")) > 0 for *_, loop, sign, decide in rows[:1] for cpu in (loop, sign, decide)
     ), out
+    # The reference in the same run: one instance without a sequence topic.
+    assert re.search(r"^\| 1, no sequence topic \| [\d,]+ \| i0 \(single\) \|", out, re.M), out
     others = re.findall(r"^\| \| \| (\w+) \((standby|sequencer)\) \|", out, re.M)
     assert len(others) == 1, out
     failover = re.search(r"fail-over: ([\d.]+) s from SIGKILL of the decider .* holding ([\d,]+) entries", out)
