@@ -102,7 +102,7 @@ class DedupService(Lifecycle):
         )
         self._standby = (
             None
-            if kafka.sequence_topic is None
+            if not sequenced
             else Standby(
                 deciding,
                 metrics=self.metrics,
@@ -297,13 +297,12 @@ class DedupService(Lifecycle):
 
     def _consumer(self) -> BatchConsumer:
         """The consumer of the input (or of the sequence topic), with the reconciler as its rebalance listener."""
-        scaled_out = self._kafka.sequence_topic is not None
         return BatchConsumer(
             self._kafka,
             max_message_bytes=self.settings.input.max_message_bytes,
             on_assigned=self._reconciler.on_assigned,
             on_revoked=self._reconciler.on_revoked,
-            assignors=(DeciderAssignor(self._claim),) if scaled_out else None,
+            assignors=None if self._standby is None else (DeciderAssignor(self._claim),),
         )
 
     def _output_topics(self) -> list[str]:
