@@ -306,6 +306,7 @@ class ServiceMetrics:
             self.worker_deaths.labels(worker=kind)
         for topic in input_topics:
             self.messages_consumed.labels(topic=topic)
+            self.sequenced_records.labels(topic=topic)
         for topic in output_topics:
             self.messages_published.labels(topic=topic)
         self._lag_partitions: set[tuple[str, int]] = set()
