@@ -175,6 +175,15 @@ def clusters(first: int, count: int, copies: int, seed: int) -> list[OutRecord]:
     return records
 
 
+def renamed(records: list[OutRecord], prefix: str, shift: int) -> list[OutRecord]:
+    """The same texts under new ids (``prefix`` before the old one), the i-th on partition i + ``shift``."""
+    return [
+        OutRecord(record.value.replace(b'"id": "', b'"id": "' + prefix.encode()), partition=(i + shift) % _PARTITIONS)
+        for i, record in enumerate(records)
+        if record.value is not None
+    ]
+
+
 async def assert_exactly_once_as_one_core(deployment: Deployment, produced: list[OutRecord]) -> None:
     output, duplicates, dead = await deployment.results()
     produced_ids = sorted(json.loads(record.value or b"")["id"] for record in produced)
@@ -245,11 +254,8 @@ async def test_kill_9_of_a_random_instance_every_few_seconds_changes_nothing(dep
         for burst in range(150):
             records = clusters(burst * 10, 10, copies=1, seed=1000 + burst)
             if burst % 5 == 4:
-                records += [
-                    OutRecord(record.value.replace(b'"id": "', b'"id": "again-'), partition=(i + 3) % _PARTITIONS)
-                    for i, record in enumerate(rng.sample(produced, 10))
-                    if record.value is not None and b'"again-' not in record.value
-                ]
+                originals = [record for record in rng.sample(produced, 10) if b'"again-' not in (record.value or b"")]
+                records += renamed(originals, "again-", 3)
             await produce_records(deployment.bootstrap, deployment.topics.input, records)
             produced.extend(records)
             await asyncio.sleep(0.2)
@@ -323,11 +329,7 @@ async def test_a_standby_follows_the_decider_and_takes_over_with_nothing_to_repl
     takeover = deployment.log(standby).read_text()[len(followed) :]
     assert "deciding the sequence topic" in takeover
     assert "replaying those records" not in takeover
-    second = [
-        OutRecord(record.value.replace(b'"id": "', b'"id": "copy-'), partition=(i + 2) % _PARTITIONS)
-        for i, record in enumerate(first)
-        if record.value is not None
-    ]
+    second = renamed(first, "copy-", 2)
     await produce_records(deployment.bootstrap, deployment.topics.input, second)
     produced = first + second
     await deployment.settled(len(produced))
@@ -367,11 +369,7 @@ async def test_an_index_deleted_on_every_instance_is_rebuilt_from_the_sequence_t
     for name in ("a", "b"):
         deployment.start(name)
     # Copies (new ids) of the first documents, and new ones.
-    copies = [
-        OutRecord(record.value.replace(b'"id": "', b'"id": "copy-'), partition=(i + 1) % _PARTITIONS)
-        for i, record in enumerate(first[::2])
-        if record.value is not None
-    ]
+    copies = renamed(first[::2], "copy-", 1)
     second = clusters(60, 20, copies=1, seed=7)
     await produce_records(deployment.bootstrap, deployment.topics.input, copies + second)
     produced = first + copies + second

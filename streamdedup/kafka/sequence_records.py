@@ -75,8 +75,10 @@ class SignedRecords:
             signatures.empty,
         )
         errors: list[str | None] = [None] * count
-        for row, error in zip(rows, signatures.errors, strict=True):
-            errors[row] = error
+        # Texts that could not be signed are rare: a batch without any is placed without a loop.
+        if any(signatures.errors):
+            for row, error in zip(rows, signatures.errors, strict=True):
+                errors[row] = error
         return cls(signing, signed, Signatures(fingerprints, sketches, tuple(errors), empty))
 
     def __len__(self) -> int:
@@ -92,12 +94,8 @@ class SignedRecords:
             return None
         signatures = self.signatures
         errors = signatures.errors
-        return Signatures(
-            signatures.fingerprints[at],
-            signatures.sketches[at],
-            tuple(errors[row] for row in rows),
-            signatures.empty[at],
-        )
+        picked = tuple(errors[row] for row in rows) if any(errors) else (None,) * len(rows)
+        return Signatures(signatures.fingerprints[at], signatures.sketches[at], picked, signatures.empty[at])
 
     @classmethod
     def joined(cls, parts: Sequence[SignedRecords | None]) -> SignedRecords | None:

@@ -10,16 +10,11 @@ from pathlib import Path
 import pytest
 
 from streamdedup.bench.scale import main
-from streamdedup.kafka.admin import admin_client
 from streamdedup.settings import Settings
 from tests.bench.test_growth import _small_corpus
+from tests.bench.test_kafka import _topics
 
 pytestmark = pytest.mark.integration
-
-
-async def _topics(bootstrap: str) -> set[str]:
-    async with admin_client(bootstrap_servers=bootstrap) as admin:
-        return set(await admin.list_topics())
 
 
 def test_each_instance_count_reports_its_rate_and_each_instances_cpu_and_the_fail_over_is_timed(
