@@ -1,8 +1,9 @@
 """Structured logging: one line per record, readable text or JSON, with the record's ``extra`` fields.
 
-``configure_logging(settings)`` installs one handler on the root logger. Every secret of the settings
-(each ``SecretStr``/``SecretBytes`` value) is masked in the final line, whatever put it there: a message,
-an argument, an extra field or a traceback, spelled as itself or escaped in a repr or a JSON string.
+``configure_logging(settings)`` installs one handler on the root logger. A line the Kafka client repeats (a
+broker that is down: several a second) shows once a while, with how many like it were not shown. Every secret
+of the settings (each ``SecretStr``/``SecretBytes`` value) is masked in the final line, whatever put it there:
+a message, an argument, an extra field or a traceback, spelled as itself or escaped in a repr or a JSON string.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
@@ -18,7 +20,15 @@ from pydantic import BaseModel, SecretBytes, SecretStr
 
 from .settings import Settings
 
-__all__ = ["LIBRARY_LOGGERS", "JsonFormatter", "Quiet", "TextFormatter", "configure_logging", "secret_values"]
+__all__ = [
+    "LIBRARY_LOGGERS",
+    "JsonFormatter",
+    "LibraryRepeats",
+    "Quiet",
+    "TextFormatter",
+    "configure_logging",
+    "secret_values",
+]
 
 MASK = "**********"
 
@@ -80,6 +90,38 @@ class JsonFormatter(_Redacting):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+class LibraryRepeats(logging.Filter):
+    """Lets a library's line through once per ``interval`` seconds: of the records of one logger of
+    :data:`LIBRARY_LOGGERS`, one level and one message (before its arguments: "Unable connect to node with id
+    %s"), the first passes and those within ``interval`` after it are counted, not shown. The next one to pass
+    carries that count as ``repeats_not_shown``. Other loggers' records all pass."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._interval = interval
+        self._clock = clock
+        # (logger, level, message) -> (when one last passed, how many since were not shown)
+        self._shown: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._interval <= 0 or not _from_library(record.name):
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = self._clock()
+        shown_at, not_shown = self._shown.get(key, (None, 0))
+        if shown_at is not None and now - shown_at < self._interval:
+            self._shown[key] = (shown_at, not_shown + 1)
+            return False
+        if not_shown:
+            record.repeats_not_shown = not_shown
+        self._shown[key] = (now, 0)
+        return True
+
+
+def _from_library(name: str) -> bool:
+    return any(name == library or name.startswith(library + ".") for library in LIBRARY_LOGGERS)
+
+
 def configure_logging(settings: Settings, stream: TextIO | None = None, *, quiet: Quiet = "") -> logging.Handler:
     """Route every log record to ``stream`` (standard error) at ``settings.logging.level``; return the handler.
 
@@ -89,6 +131,7 @@ def configure_logging(settings: Settings, stream: TextIO | None = None, *, quiet
     formatter_class = JsonFormatter if settings.logging.format == "json" else TextFormatter
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter_class(secret_values(settings)))
+    handler.addFilter(LibraryRepeats(settings.logging.library_repeat_seconds))
     level = logging.getLevelNamesMapping()[settings.logging.level]
     logging.basicConfig(level=level, handlers=[handler], force=True)
     floor = max(level, logging.WARNING) if quiet and level > logging.DEBUG else logging.NOTSET

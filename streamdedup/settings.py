@@ -163,10 +163,12 @@ class MetricsSettings(Section):
 
 
 class LoggingSettings(Section):
-    """Log records go to standard error; JSON puts each record, with its extra fields, on one line."""
+    """Log records go to standard error; JSON puts each record, with its extra fields, on one line. A line of
+    the Kafka client repeated within ``library_repeat_seconds`` shows once (0: every line)."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     format: Literal["text", "json"] = "text"
+    library_repeat_seconds: float = Field(default=30.0, ge=0)
 
     @field_validator("level", mode="before")
     @classmethod

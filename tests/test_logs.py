@@ -1,4 +1,5 @@
-"""Logs: level and format from the settings, extra fields kept, secrets never printed."""
+"""Logs: level and format from the settings, extra fields kept, secrets never printed, a library's repeated lines
+shown once a while."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import sys
 
 from pydantic import SecretStr
 
-from streamdedup.logs import MASK, JsonFormatter, Quiet, TextFormatter, configure_logging, secret_values
+from streamdedup.logs import (
+    MASK,
+    JsonFormatter,
+    LibraryRepeats,
+    Quiet,
+    TextFormatter,
+    configure_logging,
+    secret_values,
+)
 from streamdedup.settings import Section, Settings
 
 
@@ -113,3 +122,41 @@ def test_a_secret_escaped_in_a_bytes_repr_or_a_json_string_is_masked_too() -> No
             line = formatter.format(record("%s", message))
             assert MASK in line
             assert not [fragment for fragment in fragments if fragment in line], (message, line)
+
+
+def test_a_library_line_repeated_within_the_interval_shows_once_then_with_how_many_were_not_shown() -> None:
+    now = [0.0]
+    repeats = LibraryRepeats(30.0, clock=lambda: now[0])
+    template = "Unable connect to node with id %s: %s"
+
+    def passes(name: str, message: str, *args: object, level: int = logging.ERROR) -> tuple[bool, int | None]:
+        entry = logging.makeLogRecord({"name": name, "msg": message, "args": args, "levelno": level})
+        return repeats.filter(entry), getattr(entry, "repeats_not_shown", None)
+
+    assert passes("aiokafka", template, 1, "refused") == (True, None)
+    now[0] = 10.0
+    # The same message with other arguments is a repeat; another message, level or logger is not.
+    assert [passes("aiokafka", template, 1, "timed out") for _ in range(44)] == [(False, None)] * 44
+    assert passes("aiokafka", "Unable to update metadata from %s", [1]) == (True, None)
+    assert passes("aiokafka", template, 1, "refused", level=logging.WARNING) == (True, None)
+    assert passes("aiokafka.consumer.group_coordinator", template, 1, "refused") == (True, None)
+    # Our own lines all show.
+    assert [passes("streamdedup.service", "lost the broker") for _ in range(3)] == [(True, None)] * 3
+    now[0] = 30.5
+    assert passes("aiokafka", template, 1, "refused") == (True, 44)
+    now[0] = 31.0
+    assert passes("aiokafka", template, 1, "refused") == (False, None)
+    now[0] = 70.0
+    assert passes("aiokafka", template, 1, "refused") == (True, 1)
+
+
+def test_every_library_line_shows_when_the_settings_say_zero_seconds() -> None:
+    lines = []
+    for interval in (30, 0):
+        stream = io.StringIO()
+        configure_logging(Settings(logging={"library_repeat_seconds": interval, "format": "json"}), stream)
+        for _ in range(5):
+            logging.getLogger("aiokafka").error("Unable connect to node with id %s", 1)
+        lines.append([json.loads(line) for line in stream.getvalue().splitlines()])
+    assert [line["message"] for line in lines[0]] == ["Unable connect to node with id 1"]
+    assert len(lines[1]) == 5
