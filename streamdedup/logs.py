@@ -92,21 +92,21 @@ class JsonFormatter(_Redacting):
 
 class LibraryRepeats(logging.Filter):
     """Lets a library's line through once per ``interval`` seconds: of the records of one logger of
-    :data:`LIBRARY_LOGGERS`, one level and one message (before its arguments: "Unable connect to node with id
-    %s"), the first passes and those within ``interval`` after it are counted, not shown. The next one to pass
-    carries that count as ``repeats_not_shown``. Other loggers' records all pass."""
+    :data:`LIBRARY_LOGGERS` with one level and the same text, the first passes and those within ``interval``
+    after it are counted, not shown. The next one to pass carries that count as ``repeats_not_shown``. Lines that
+    differ (another node, group or error) are not repeats; other loggers' records all pass."""
 
     def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self._interval = interval
         self._clock = clock
-        # (logger, level, message) -> (when one last passed, how many since were not shown)
+        # (logger, level, text) -> (when one last passed, how many since were not shown)
         self._shown: dict[tuple[str, int, str], tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         if self._interval <= 0 or not _from_library(record.name):
             return True
-        key = (record.name, record.levelno, str(record.msg))
+        key = (record.name, record.levelno, record.getMessage())
         now = self._clock()
         shown_at, not_shown = self._shown.get(key, (None, 0))
         if shown_at is not None and now - shown_at < self._interval:

@@ -135,8 +135,9 @@ def test_a_library_line_repeated_within_the_interval_shows_once_then_with_how_ma
 
     assert passes("aiokafka", template, 1, "refused") == (True, None)
     now[0] = 10.0
-    # The same message with other arguments is a repeat; another message, level or logger is not.
-    assert [passes("aiokafka", template, 1, "timed out") for _ in range(44)] == [(False, None)] * 44
+    assert [passes("aiokafka", template, 1, "refused") for _ in range(44)] == [(False, None)] * 44
+    # Another text (other arguments: another node or error), level or logger is not a repeat.
+    assert passes("aiokafka", template, 2, "refused") == (True, None)
     assert passes("aiokafka", "Unable to update metadata from %s", [1]) == (True, None)
     assert passes("aiokafka", template, 1, "refused", level=logging.WARNING) == (True, None)
     assert passes("aiokafka.consumer.group_coordinator", template, 1, "refused") == (True, None)
