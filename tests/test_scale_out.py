@@ -119,6 +119,10 @@ class Deployment:
             await consume_records(self.bootstrap, self.topics.dead_letters),
         )
 
+    async def produce(self, records: list[OutRecord]) -> None:
+        """Produce these records to the input."""
+        await produce_records(self.bootstrap, self.topics.input, records)
+
     async def settled(self, total: int, timeout: float = 180) -> None:
         """Wait until ``total`` records came out (output, duplicates, dead letters) and a little longer."""
 
@@ -227,7 +231,7 @@ async def test_three_instances_decide_near_copies_spread_over_partitions_as_one_
     deployment.workers = 1
     await started(deployment, ["a", "b", "c"])
     produced = clusters(0, 150, copies=2, seed=1)
-    await produce_records(deployment.bootstrap, deployment.topics.input, produced)
+    await deployment.produce(produced)
     await deployment.settled(len(produced))
     assert deployment.stop_all() == {"a": 0, "b": 0, "c": 0}
     await assert_exactly_once_as_one_core(deployment, produced)
@@ -256,7 +260,7 @@ async def test_kill_9_of_a_random_instance_every_few_seconds_changes_nothing(dep
             if burst % 5 == 4:
                 originals = [record for record in rng.sample(produced, 10) if b'"again-' not in (record.value or b"")]
                 records += renamed(originals, "again-", 3)
-            await produce_records(deployment.bootstrap, deployment.topics.input, records)
+            await deployment.produce(records)
             produced.extend(records)
             await asyncio.sleep(0.2)
 
@@ -288,7 +292,7 @@ async def test_kill_9_of_a_random_instance_every_few_seconds_changes_nothing(dep
 async def test_a_frozen_decider_is_fenced_and_stands_by_when_it_wakes(deployment: Deployment) -> None:
     await started(deployment, ["a", "b"])
     first = clusters(0, 40, copies=1, seed=3)
-    await produce_records(deployment.bootstrap, deployment.topics.input, first)
+    await deployment.produce(first)
     await deployment.settled(len(first))
     frozen = deployment.decider()
     assert frozen is not None
@@ -297,12 +301,12 @@ async def test_a_frozen_decider_is_fenced_and_stands_by_when_it_wakes(deployment
     deployment.processes[frozen].send_signal(signal.SIGSTOP)
     await wait_for(lambda: _state_is(deployment.processes[frozen].pid, "T"), 10, "the decider to stop")
     second = clusters(40, 40, copies=1, seed=4)
-    await produce_records(deployment.bootstrap, deployment.topics.input, second)
+    await deployment.produce(second)
     await wait_for(lambda: _logged(deployment.log(other), "deciding the sequence topic", took_over), 90, "a takeover")
     await asyncio.sleep(1.5 * max(_SESSION_MS, _TRANSACTION_MS) / 1000)
     deployment.processes[frozen].send_signal(signal.SIGCONT)
     third = clusters(80, 40, copies=1, seed=5)
-    await produce_records(deployment.bootstrap, deployment.topics.input, third)
+    await deployment.produce(third)
     produced = first + second + third
     await deployment.settled(len(produced))
     # The woken instance was fenced and went on standing by; it did not exit.
@@ -314,7 +318,7 @@ async def test_a_frozen_decider_is_fenced_and_stands_by_when_it_wakes(deployment
 async def test_a_standby_follows_the_decider_and_takes_over_with_nothing_to_replay(deployment: Deployment) -> None:
     await started(deployment, ["a", "b"])
     first = clusters(0, 200, copies=1, seed=8)
-    await produce_records(deployment.bootstrap, deployment.topics.input, first)
+    await deployment.produce(first)
     await deployment.settled(len(first))
     decider = deployment.decider()
     assert decider is not None
@@ -330,7 +334,7 @@ async def test_a_standby_follows_the_decider_and_takes_over_with_nothing_to_repl
     assert "deciding the sequence topic" in takeover
     assert "replaying those records" not in takeover
     second = renamed(first, "copy-", 2)
-    await produce_records(deployment.bootstrap, deployment.topics.input, second)
+    await deployment.produce(second)
     produced = first + second
     await deployment.settled(len(produced))
     assert set(deployment.stop_all().values()) == {0}
@@ -342,14 +346,14 @@ async def test_a_standby_follows_the_decider_and_takes_over_with_nothing_to_repl
 async def test_an_instance_that_joins_shares_the_input_and_leaves_the_decider_its_role(deployment: Deployment) -> None:
     await started(deployment, ["a", "b"])
     first = clusters(0, 100, copies=1, seed=10)
-    await produce_records(deployment.bootstrap, deployment.topics.input, first)
+    await deployment.produce(first)
     await deployment.settled(len(first))
     decider = deployment.decider()
     # The newcomer's name sorts first, which is who Kafka's own assignors would give the partition to.
     deployment.start("0-new")
     await wait_for(lambda: _logged(deployment.log("0-new"), "sequencing ", 1), 60, "the newcomer to sequence")
     second = clusters(100, 100, copies=1, seed=11)
-    await produce_records(deployment.bootstrap, deployment.topics.input, second)
+    await deployment.produce(second)
     produced = first + second
     await deployment.settled(len(produced))
     assert deployment.decider() == decider
@@ -361,7 +365,7 @@ async def test_an_instance_that_joins_shares_the_input_and_leaves_the_decider_it
 async def test_an_index_deleted_on_every_instance_is_rebuilt_from_the_sequence_topic(deployment: Deployment) -> None:
     await started(deployment, ["a", "b"])
     first = clusters(0, 60, copies=1, seed=6)
-    await produce_records(deployment.bootstrap, deployment.topics.input, first)
+    await deployment.produce(first)
     await deployment.settled(len(first))
     assert deployment.stop_all() == {"a": 0, "b": 0}
     for name in ("a", "b"):
@@ -371,7 +375,7 @@ async def test_an_index_deleted_on_every_instance_is_rebuilt_from_the_sequence_t
     # Copies (new ids) of the first documents, and new ones.
     copies = renamed(first[::2], "copy-", 1)
     second = clusters(60, 20, copies=1, seed=7)
-    await produce_records(deployment.bootstrap, deployment.topics.input, copies + second)
+    await deployment.produce(copies + second)
     produced = first + copies + second
     await deployment.settled(len(produced))
     assert set(deployment.stop_all().values()) == {0}
