@@ -90,6 +90,10 @@ class JsonFormatter(_Redacting):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+# Lines LibraryRepeats holds before it drops those with nothing left to report.
+_MOST_LINES_HELD = 1024
+
+
 class LibraryRepeats(logging.Filter):
     """Lets a library's line through once per ``interval`` seconds: of the records of one logger of
     :data:`LIBRARY_LOGGERS` with one level and the same text, the first passes and those within ``interval``
@@ -102,6 +106,7 @@ class LibraryRepeats(logging.Filter):
         self._clock = clock
         # (logger, level, text) -> (when one last passed, how many since were not shown)
         self._shown: dict[tuple[str, int, str], tuple[float, int]] = {}
+        self._forget_at = _MOST_LINES_HELD
 
     def filter(self, record: logging.LogRecord) -> bool:
         if self._interval <= 0 or not _from_library(record.name):
@@ -115,7 +120,20 @@ class LibraryRepeats(logging.Filter):
         if not_shown:
             record.repeats_not_shown = not_shown
         self._shown[key] = (now, 0)
+        if len(self._shown) > self._forget_at:
+            self._forget_settled(now)
         return True
+
+    def _forget_settled(self, now: float) -> None:
+        """Drop lines whose interval has passed with no repeat: they hold nothing to report (a long run, or DEBUG
+        lines that each differ, would otherwise fill the map)."""
+        self._shown = {
+            key: (shown_at, not_shown)
+            for key, (shown_at, not_shown) in self._shown.items()
+            if not_shown or now - shown_at < self._interval
+        }
+        # Lines still within their interval stay: the next pass waits until as many again have come.
+        self._forget_at = max(_MOST_LINES_HELD, 2 * len(self._shown))
 
 
 def _from_library(name: str) -> bool:

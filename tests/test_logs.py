@@ -161,3 +161,21 @@ def test_every_library_line_shows_when_the_settings_say_zero_seconds() -> None:
         lines.append([json.loads(line) for line in stream.getvalue().splitlines()])
     assert [line["message"] for line in lines[0]] == ["Unable connect to node with id 1"]
     assert len(lines[1]) == 5
+
+
+def test_lines_whose_interval_passed_without_a_repeat_are_forgotten_but_an_unreported_count_is_kept() -> None:
+    now = [0.0]
+    repeats = LibraryRepeats(30.0, clock=lambda: now[0])
+
+    def passed(message: str) -> tuple[bool, int | None]:
+        entry = logging.makeLogRecord({"name": "aiokafka", "msg": message, "levelno": logging.DEBUG})
+        return repeats.filter(entry), getattr(entry, "repeats_not_shown", None)
+
+    assert passed("repeated") == (True, None)
+    assert passed("repeated") == (False, None)
+    # DEBUG lines that each differ: held while their interval runs, then dropped.
+    assert all(passed(f"request {i}")[0] for i in range(1500))
+    now[0] = 31.0
+    assert all(passed(f"later {i}")[0] for i in range(1100))
+    assert len(repeats._shown) <= 1102
+    assert passed("repeated") == (True, 1)
