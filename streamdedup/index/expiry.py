@@ -104,14 +104,13 @@ class Expiry:
         seq_keys = seq_bytes(entries)
         self.cached.entries_removed(txn, entries)
         id_bytes = ids.encoded()
-        id_keys = keys_of_ids(id_bytes)
         if undo is not None:
             undo.removed_seqs.append(entries)
             undo.removed_heads.append(head)
             undo.removed_ids.extend(id_bytes)
-        for i in range(n):
-            txn.delete(seq_keys[i], db=self.store.entries)
-            txn.delete(id_keys[i], db=self.store.ids)
+        for key in seq_keys:
+            txn.delete(key, db=self.store.entries)
+        self.lookup.ids.removed(txn, id_bytes, entries)
         for key in origin_keys(head[head["topic"] != NO_TOPIC]):
             txn.delete(key, db=self.store.origins)
         if self.fmt.entry_valued:
@@ -170,11 +169,7 @@ class Expiry:
             (mirrored.keys, mirrored.values) if mirrored is not None else stored_table.rows(txn)
         )
         keys, values = np.concatenate([stored_keys, keys]), np.concatenate([stored_values, values])
-        with txn.cursor(self.store.entries) as cursor:
-            live = np.frombuffer(b"".join(cursor.iternext(keys=True, values=False)), dtype=U64).astype(np.uint64)
-        # Rows of entries a rollback may restore stay, so that a restored entry is found as before.
-        live = np.union1d(live, self.undo.restorable_seqs(txn))
-        alive = np.isin(values, live, assume_unique=True)
+        alive = np.isin(values, self._live(txn))
         keys, values = keys[alive], values[alive]
         # Within a key, rows come in entry order (a table takes its rows batch after batch), which is the value
         # order LMDB keeps; a stable sort of already sorted runs only merges them.
@@ -184,6 +179,17 @@ class Expiry:
         unswept = self.store.unswept(txn)
         unswept[table] = 0
         self.store.put_unswept(txn, unswept)
+
+    def sweep_ids(self, txn: Any) -> None:
+        """Sweep the ids of removed entries, when due (see ``ids``)."""
+        self.lookup.ids.sweep(txn, lambda: self._live(txn))
+
+    def _live(self, txn: Any) -> np.ndarray:
+        """The entry keys a sweep keeps rows of, ascending: the stored entries, and the removed ones a rollback may
+        restore (so that a restored entry is found as before)."""
+        with txn.cursor(self.store.entries) as cursor:
+            live = np.frombuffer(b"".join(cursor.iternext(keys=True, values=False)), dtype=U64).astype(np.uint64)
+        return np.union1d(live, self.undo.restorable_seqs(txn))
 
     def rollback(self, txn: Any, offsets: Mapping[tuple[str, int], int]) -> int:
         """See ``SegmentIndex.rollback``."""
@@ -308,9 +314,7 @@ class Expiry:
         seq_keys = seq_bytes(seqs)
         with txn.cursor(self.store.entries) as cursor:
             cursor.putmulti(zip(seq_keys, self.fmt.records.encode(heads, id_bytes), strict=True))
-        id_keys = keys_of_ids(id_bytes)
-        with txn.cursor(self.store.ids) as cursor:
-            cursor.putmulti(zip(id_keys, seq_keys, strict=True))
+        self.lookup.ids.restored(txn, id_bytes, seqs)
         with_origin = heads["topic"] != NO_TOPIC
         with txn.cursor(self.store.origins) as cursor:
             cursor.putmulti(zip(origin_keys(heads[with_origin]), compress(seq_keys, with_origin.tolist()), strict=True))
@@ -318,4 +322,4 @@ class Expiry:
         if not self.fmt.entry_valued:
             with txn.cursor(self.store.folds) as cursor:
                 cursor.putmulti(zip(seq_bytes(folds), seq_keys, strict=True))
-        self.cached.keys_added(txn, keys, id_keys)
+        self.cached.keys_added(txn, keys, keys_of_ids(id_bytes))

@@ -3,10 +3,11 @@ caller's settings are compatible with an index that exists.
 
 Format 1 had no staged rows; format 2 stored folds in every plan's tables; formats 1-3 kept every table as dupsort
 rows; format 4 had no undo records; formats 1-5 stored entry keys in tables as 8 bytes, in the rows layout; formats
-1-6 stored each record at full width. All read as format 7 (with none staged, with fold values, with the rows
-layout, with nothing to undo, with 8-byte entry keys, with fixed records) and are marked 7 when opened to write:
-older code must not misread new indexes, nor write batches that the undo records would then not account for. A
-new entry-valued index keeps its tables as sorted runs (``table``) and packs its records (``record``).
+1-6 stored each record at full width; formats 1-7 kept ids as B-tree keys. All read as format 8 (with none
+staged, with fold values, with the rows layout, with nothing to undo, with 8-byte entry keys, with fixed records,
+with ids as keys) and are marked 8 when opened to write: older code must not misread new indexes, nor write batches
+that the undo records would then not account for. A new entry-valued index keeps its tables as sorted runs
+(``table``) and packs its records (``record``); every new index keeps its ids as hashed runs (``ids``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -26,12 +27,13 @@ from .plan import IndexPlan, PlanError, make_plan, make_segment_plan
 from .record import BYTES_PAYLOAD, FIXED_RECORDS, PACKED_RECORDS, PAYLOAD_KINDS, RecordLayout
 from .table import TableLayout
 
-__all__ = ["ENTRY_KEY_BYTES", "ENTRY_VALUES", "FOLD_VALUES", "FORMAT_VERSION", "IndexFormat", "planned"]
+__all__ = ["ENTRY_KEY_BYTES", "ENTRY_VALUES", "FOLD_VALUES", "FORMAT_VERSION", "IdLayout", "IndexFormat", "planned"]
 
-FORMAT_VERSION = 7
-_READABLE_FORMATS = (1, 2, 3, 4, 5, 6, 7)
+FORMAT_VERSION = 8
+_READABLE_FORMATS = (1, 2, 3, 4, 5, 6, 7, 8)
 _META_FORMAT = b"format"
 FOLD_VALUES, ENTRY_VALUES = "folds", "entries"
+IdLayout = Literal["keys", "runs"]
 ENTRY_KEY_BYTES = 6
 """Bytes of an entry key in a table row: 2**48 entries (at 100,000 stored a second, for 89 years), and a table row
 costs LMDB 20 bytes where 8-byte keys take 22."""
@@ -39,7 +41,7 @@ costs LMDB 20 bytes where 8-byte keys take 22."""
 
 @dataclass(frozen=True)
 class IndexFormat:
-    """What an index's stored rows mean: its plan, payload width, time bucket, signing, and table layout."""
+    """What an index's stored rows mean: its plan, payload width, time bucket, signing, and layouts."""
 
     plan: IndexPlan
     payload_bytes: int
@@ -53,6 +55,8 @@ class IndexFormat:
     record_layout: str
     payload_kind: str
     """What payloads hold: bytes stored as given, or bottom-k sketches (see ``record``)."""
+    id_layout: IdLayout = "keys"
+    """How ids lead to their entries (see ``ids``)."""
 
     @classmethod
     def opened(
@@ -98,6 +102,7 @@ class IndexFormat:
                 "signing": signing,
                 "records": PACKED_RECORDS,
                 "payload": payload_kind,
+                "ids": "runs",
             }
             with env.begin(write=True) as txn:
                 txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=meta)
@@ -124,6 +129,7 @@ class IndexFormat:
             int(fmt.get("entry_key_bytes", 8)),
             fmt.get("records", FIXED_RECORDS),
             fmt.get("payload", BYTES_PAYLOAD),
+            fmt.get("ids", "keys"),
         )
         opened.check_compatible(path, bits, radius, payload_bytes, plan, signing)
         return opened

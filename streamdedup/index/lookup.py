@@ -6,20 +6,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
-from itertools import compress
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from .cached import Cached
+from .ids import Ids
 from .keys import HeldRows, TableKeys, most_shared, packed, table_keys
 from .mirror import fetched_rows
 from .packed_ids import PackedIds
 from .plan import scatter_bits
 from .record import origins_of
 from .sorted_rows import expand_ranges, run_starts
-from .store import META_KEYED_WRITES, NO_TOPIC, U64, Store, id_hashes, seq_bytes
+from .store import META_KEYED_WRITES, NO_TOPIC, U64, Store, id_hashes, keys_of_ids, seq_bytes
 
 __all__ = ["Candidates", "EntryRecords", "Lookup", "SearchResult"]
 
@@ -82,11 +81,12 @@ class EntryRecords:
 
 
 class Lookup:
-    """Search and records over one open store, through its copies in memory."""
+    """Search and records over one open store, through its copies in memory, and its entries by id."""
 
-    def __init__(self, store: Store, cached: Cached) -> None:
+    def __init__(self, store: Store, cached: Cached, ids: Ids) -> None:
         self.store = store
         self.cached = cached
+        self.ids = ids
         self.fmt = store.fmt
 
     def checked(self, fps: np.ndarray) -> np.ndarray:
@@ -185,7 +185,7 @@ class Lookup:
 
     def _times_and_payloads(self, txn: Any, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Of these entry keys (ascending, distinct), those stored, with their event times and payloads."""
-        held, head, _ = self._stored(txn, entries)
+        held, head, _ = self.store.stored_records(txn, entries)
         return held, head["time"].astype(np.float64), head["payload"].reshape(len(head), self.fmt.payload_bytes)
 
     def _found(
@@ -301,33 +301,20 @@ class Lookup:
             return values
         return scatter_bits(keys, self.fmt.plan.tables[table]) | scatter_bits(values, self.fmt.plan.value_bits(table))
 
-    def stored_ids(self, txn: Any, id_keys: list[bytes]) -> list[tuple[bytes, bytes]]:
-        """(id key, entry key) of those of these id keys that are stored: LMDB is asked only for the ids the key
-        filter does not prove new."""
+    def entries_of_ids(self, txn: Any, id_bytes: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """The position in ``id_bytes`` of each stored id (ascending), and its entry key: the ids are asked for
+        only where the key filter does not prove them new."""
         key_filter = self.cached.trusted_key_filter(txn)
-        if key_filter is not None:
-            id_keys = list(compress(id_keys, key_filter.may_hold_ids(id_hashes(id_keys)).tolist()))
-        with txn.cursor(self.store.ids) as cursor:
-            return cursor.getmulti(id_keys)
-
-    def _stored(self, txn: Any, seqs: np.ndarray, *, payloads: bool = True) -> tuple[np.ndarray, np.ndarray, PackedIds]:
-        """Of these entry keys (ascending, distinct), those stored, with their records' heads and ids (see
-        ``RecordLayout.decode`` for ``payloads``)."""
-        with txn.cursor(self.store.entries) as cursor:
-            found = cursor.getmulti(seq_bytes(seqs))
-        # Every key found (the usual case): the entries are the keys asked for.
-        entries = (
-            seqs
-            if len(found) == len(seqs)
-            else np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=U64).astype(np.uint64)
-        )
-        head, ids = self.fmt.records.decode(list(map(itemgetter(1), found)), payloads=payloads)
-        return entries, head, ids
+        if key_filter is None:
+            return self.ids.find(txn, id_bytes)
+        maybe = np.flatnonzero(key_filter.may_hold_ids(id_hashes(keys_of_ids(id_bytes))))
+        at, seqs = self.ids.find(txn, [id_bytes[i] for i in maybe.tolist()])
+        return maybe[at], seqs
 
     def fetch(self, txn: Any, seqs: np.ndarray, *, payloads: bool = True) -> tuple[np.ndarray, np.ndarray, PackedIds]:
         """Records of the given entry keys, sorted by key (missing keys skipped): keys, heads, ids (see
         ``RecordLayout.decode`` for ``payloads``)."""
-        return self._stored(txn, np.unique(np.asarray(seqs, dtype=np.uint64)), payloads=payloads)
+        return self.store.stored_records(txn, np.unique(np.asarray(seqs, dtype=np.uint64)), payloads=payloads)
 
     def records(self, txn: Any, seqs: np.ndarray, *, payloads: bool = True) -> EntryRecords:
         """Records of the given entry keys, sorted by key (missing keys skipped); with ``payloads=False`` their

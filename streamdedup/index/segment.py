@@ -25,7 +25,8 @@ Layout (one LMDB environment, names in ``streamdedup.names``):
 - ``folds`` (dupsort + dupfixed): fold -> entry sequence numbers (table values name a fold, not an entry,
   which keeps tables at ~8 bytes per entry on 64-bit fingerprints).
 - ``entries``: sequence (big-endian, monotonic, appended) -> record (fingerprint, event time, origin,
-  payload, id). ``ids``: id -> sequence. ``times``: (time bucket, first sequence of a batch) -> that batch's
+  payload, id). ``ids``: id -> sequence (``ids``: hashed sorted runs, or keyed by the id before format 8;
+  ``unswept_ids`` counts the rows of removed entries since the last sweep). ``times``: (time bucket, first sequence of a batch) -> that batch's
   sequences in the bucket as (start, stop) runs: one row per batch, and expiry and eviction read only the
   oldest rows. ``origins``: (topic, partition, offset) -> sequence, for rollback. ``sources``: (topic,
   partition) -> next offset. ``topics``: topic name -> small id. ``meta``: plan, format, counters.
@@ -39,7 +40,7 @@ Layout (one LMDB environment, names in ``streamdedup.names``):
 ``SegmentIndex`` owns the environment and its transactions, and hands each to the parts, one idea each: the
 format and its compatibility (``format``), the databases and their key encodings (``store``), what is cached in
 memory and when it is fresh (``cached``), lookup (``lookup``), the write path (``writes``, ``staging``), and
-removal, expiry, sweeps and rollback (``expiry``, ``undo``).
+removal, expiry, sweeps and rollback (``expiry``, ``undo``), and entries by id (``ids``).
 
 Every batch is one write transaction: the entries, their table rows and the source offsets commit together
 or not at all, so a crash at any moment leaves exactly the committed batches.
@@ -65,13 +66,14 @@ from ..settings import IndexSettings
 from .cached import Cached
 from .expiry import Expiry
 from .format import IndexFormat, planned
+from .ids import id_index
 from .keys import TableKeys
 from .lookup import Candidates, EntryRecords, Lookup, SearchResult
 from .mirror import RecordCache
 from .plan import IndexPlan, PlanError
 from .record import BYTES_PAYLOAD, SKETCH_PAYLOAD
 from .staging import Staging
-from .store import META_COUNT, U64, IndexStorageError, Store, bucket_start, keys_of_ids, open_db
+from .store import META_COUNT, U64, IndexStorageError, Store, bucket_start, open_db
 from .undo import UndoRecords
 from .writes import Batch, Writes
 
@@ -222,7 +224,7 @@ class SegmentIndex:
         if store.missing():
             raise PlanError(f"{self.path}: index databases missing; is it a streamdedup index?")
         self._cached = cached = Cached(store, self.path, readonly=self.readonly, mirror_bytes=self._mirror_bytes)
-        self._lookup = lookup = Lookup(store, cached)
+        self._lookup = lookup = Lookup(store, cached, id_index(store))
         staging = Staging(store, cached)
         self._undo = undo = UndoRecords(store)
         self._expiry = expiry = Expiry(store, cached, lookup, staging, undo)
@@ -324,14 +326,10 @@ class SegmentIndex:
     def entries_with_ids(self, ids: Sequence[str]) -> tuple[np.ndarray, EntryRecords]:
         """The stored entries of these ids: the position in ``ids`` of each one found (ascending), and its
         entry's record, row for row."""
-        id_keys = keys_of_ids([x.encode() for x in ids])
         with self._read() as txn:
-            # Found ids are rare (a replay, a redelivery): only then is each position looked up.
-            seq_of = dict(self._lookup.stored_ids(txn, id_keys))
-            at = [i for i, key in enumerate(id_keys) if key in seq_of] if seq_of else []
-            wanted = np.frombuffer(b"".join(seq_of[id_keys[i]] for i in at), dtype=U64).astype(np.uint64)
-            present, records = self._lookup.records_of(txn, wanted)
-        return np.asarray(at, dtype=np.intp)[present], records
+            at, seqs = self._lookup.entries_of_ids(txn, [x.encode() for x in ids])
+            present, records = self._lookup.records_of(txn, seqs)
+        return at[present], records
 
     def kept_after(self, entries: np.ndarray) -> np.ndarray:
         """How many kept documents were stored after each of these entries (entry keys, as ``candidates``
@@ -385,12 +383,10 @@ class SegmentIndex:
 
     def remove(self, ids: Sequence[str]) -> int:
         """Remove entries by id (unknown ids are ignored); returns how many were removed."""
-        keys = keys_of_ids([x.encode() for x in ids])
+        id_bytes = [x.encode() for x in ids]
 
         def work(txn: Any) -> int:
-            with txn.cursor(self._store.ids) as cursor:
-                found = cursor.getmulti(keys)
-            seqs = np.frombuffer(b"".join(v for _, v in found), dtype=U64).astype(np.uint64)
+            _, seqs = self._lookup.entries_of_ids(txn, id_bytes)
             removed = self._expiry.remove(txn, seqs, None)
             if removed:
                 self._undo.forget(txn)
@@ -480,6 +476,7 @@ class SegmentIndex:
             "table_values": self.fmt.table_values,
             "table_layout": self.fmt.table_layout,
             "record_layout": self.fmt.record_layout,
+            "id_layout": self.fmt.id_layout,
             "payload_kind": self.fmt.payload_kind,
             "payload_bytes": self.payload_bytes,
             # How the stored fingerprints and payloads were made (None: not recorded, an older index).

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
+from operator import itemgetter
 from typing import Any
 
 import lmdb
@@ -13,6 +14,7 @@ import numpy as np
 
 from .. import names
 from .format import IndexFormat
+from .packed_ids import PackedIds
 from .record import NO_TOPIC
 from .table import BIG_ENDIAN_U64 as U64
 from .table import DuplicateRows, PackedBuckets, SortedRuns, table_class
@@ -43,6 +45,7 @@ META_NEXT_TOPIC = b"next_topic"
 META_STAGED_GENERATION = b"staged_generation"
 META_NEXT_MERGE = b"next_merge"
 META_UNSWEPT = b"unswept"  # per table: entries removed since the table was last swept (entry-valued tables)
+META_UNSWEPT_IDS = b"unswept_ids"  # entries removed since the ids were last swept (the ``runs`` id layout)
 META_KEYED_WRITES = b"keyed_writes"  # batches that added table rows: what a key filter is valid for
 META_KEY_FILTER_TOKEN = b"key_filter_token"  # names the saved key filter; deleted by every batch that adds keys
 META_SKIPPED = b"skipped"  # entry keys that undone batches had taken, as (start, stop) runs: no document's any more
@@ -148,6 +151,24 @@ class Store:
     def put_unswept(self, txn: Any, unswept: np.ndarray) -> None:
         txn.put(META_UNSWEPT, unswept.astype(U64).tobytes(), db=self.meta)
 
+    # ----------------------------------------------------------------- records
+
+    def stored_records(
+        self, txn: Any, seqs: np.ndarray, *, payloads: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, PackedIds]:
+        """Of these entry keys (ascending, distinct), those stored, with their records' heads and ids (see
+        ``RecordLayout.decode`` for ``payloads``)."""
+        with txn.cursor(self.entries) as cursor:
+            found = cursor.getmulti(seq_bytes(seqs))
+        # Every key found (the usual case): the entries are the keys asked for.
+        entries = (
+            seqs
+            if len(found) == len(seqs)
+            else np.frombuffer(b"".join(map(itemgetter(0), found)), dtype=U64).astype(np.uint64)
+        )
+        head, ids = self.fmt.records.decode(list(map(itemgetter(1), found)), payloads=payloads)
+        return entries, head, ids
+
     # ----------------------------------------------------------------- topics and source offsets
 
     def topic_ids(self, txn: Any, topics: Iterable[str]) -> dict[str, int]:
@@ -210,15 +231,16 @@ def keys_of_ids(id_bytes: list[bytes]) -> list[bytes]:
     ]
 
 
-def id_hashes(id_keys: list[bytes]) -> np.ndarray:
-    """A 64-bit hash of each id key, over the whole batch at once: the ids padded to one width and mixed eight
-    bytes at a time, each id's words only (so an id hashes alike in any batch)."""
+def id_hashes(id_keys: list[bytes], hashed_bytes: int = _ID_HASHED_BYTES) -> np.ndarray:
+    """A 64-bit hash of each id key's length and first ``hashed_bytes`` bytes, over the whole batch at once: the
+    ids padded to one width and mixed eight bytes at a time, each id's words only (so an id hashes alike in any
+    batch)."""
     n = len(id_keys)
     lengths = np.fromiter(map(len, id_keys), dtype=np.uint64, count=n)
     hashes = lengths * np.uint64(0x9E3779B97F4A7C15)
     if not n:
         return hashes
-    width = max(8, min(_ID_HASHED_BYTES, -(-int(lengths.max()) // 8) * 8))
+    width = max(8, min(-(-hashed_bytes // 8) * 8, -(-int(lengths.max()) // 8) * 8))
     # A fixed-width bytes array pads with zero bytes and cuts longer ids to the width.
     words = np.array(id_keys, dtype=f"S{width}").view("<u8").reshape(n, width // 8)
     for word, column in enumerate(words.T):

@@ -172,11 +172,9 @@ class Writes:
                 {},
                 [],
             )
-            existing = self.lookup.stored_ids(txn, id_keys)
-            if existing:
-                self.expiry.remove(
-                    txn, np.frombuffer(b"".join(v for _, v in existing), dtype=U64).astype(np.uint64), undo
-                )
+            _, existing = self.lookup.entries_of_ids(txn, batch.id_bytes)
+            if len(existing):
+                self.expiry.remove(txn, existing, undo)
             self._insert(txn, batch, id_keys, undo)
             window = np.concatenate([self.store.clock_window(txn), batch.times])[-CLOCK_WINDOW:]
             txn.put(META_CLOCK_WINDOW, window.tobytes(), db=self.store.meta)
@@ -187,6 +185,8 @@ class Writes:
             if self.max_entries is not None:
                 self.expiry.evict(txn, self.max_entries, undo)
             self.undo.save(txn, undo)
+            # After the undo record: the rows of entries it may restore stay.
+            self.expiry.sweep_ids(txn)
         if source_offsets:
             self.store.put_source_offsets(txn, source_offsets)
 
@@ -225,8 +225,7 @@ class Writes:
         self.cached.entries_added(seqs, times, head["payload"].reshape(n, self.fmt.payload_bytes))
         with txn.cursor(self.store.entries) as cursor:
             cursor.putmulti(zip(seq_keys, self.fmt.records.encode(head, batch.id_bytes), strict=True), append=True)
-        with txn.cursor(self.store.ids) as cursor:
-            cursor.putmulti(zip(id_keys, seq_keys, strict=True))
+        self.lookup.ids.add(txn, batch.id_bytes, seqs)
         batch_keys = batch.keys
         stored_rows = batch_keys.keys != 0 if batch_keys.unkeyed_zero else np.ones(batch_keys.keys.shape, dtype=bool)
         if self.key_capacity is not None:

@@ -1,0 +1,146 @@
+"""The id index: the entry that holds each stored document id, for lookups by id (a redelivered record, a
+re-added id, removal by id).
+
+Two layouts; the index's format says which (``IndexFormat.id_layout``):
+
+- ``keys`` (indexes created before format 8): one row per entry in ``ids``, keyed by its id (ids longer than
+  ``MAX_ID_KEY_BYTES`` by their BLAKE2b digest). Ids come in no particular order, so a batch's rows land on
+  random B-tree pages: on an index of 500,000 entries nearly every id stored dirties a page of its own, which
+  the commit writes out again.
+- ``runs``: rows of (64-bit hash of the id, entry key) in ``ids``, as the sorted runs of ``table.SortedRuns``: a
+  batch appends one run and the runs merge in binary tiers, so a row is written about log2(entries / batch)
+  times, each time appended. A hash found is confirmed on its entry's record, which holds the id: ids whose
+  hashes collide cost a record read, never a wrong answer. A removed entry's row stays (its record is gone, so
+  it no longer confirms) until the index holds as many such rows as entries; the next batch then sweeps them,
+  writing the ids again as one run without them. Rows of entries a rollback may restore stay.
+
+Either way the key filter comes first: it proves most ids of a batch new, and those are not looked up here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .sorted_rows import expand_ranges
+from .store import MAX_ID_KEY_BYTES, META_COUNT, META_UNSWEPT_IDS, U64, Store, id_hashes, keys_of_ids, seq_bytes
+from .table import SortedRuns
+
+__all__ = ["HashedIds", "IdKeys", "Ids", "id_index"]
+
+
+def _none() -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.uint64)
+
+
+class IdKeys:
+    """The ``keys`` layout."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def find(self, txn: Any, id_bytes: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """The position in ``id_bytes`` of each stored id (ascending), and its entry key."""
+        keys = keys_of_ids(id_bytes)
+        with txn.cursor(self.store.ids) as cursor:
+            found = dict(cursor.getmulti(keys))
+        if not found:
+            return _none()
+        at = [i for i, key in enumerate(keys) if key in found]
+        seqs = np.frombuffer(b"".join(found[keys[i]] for i in at), dtype=U64).astype(np.uint64)
+        return np.asarray(at, dtype=np.intp), seqs
+
+    def add(self, txn: Any, id_bytes: list[bytes], seqs: np.ndarray) -> None:
+        """Store the ids of new entries (none of them stored)."""
+        with txn.cursor(self.store.ids) as cursor:
+            cursor.putmulti(zip(keys_of_ids(id_bytes), seq_bytes(seqs), strict=True))
+
+    def removed(self, txn: Any, id_bytes: list[bytes], seqs: np.ndarray) -> None:
+        """The entries of these ids were removed."""
+        for key in keys_of_ids(id_bytes):
+            txn.delete(key, db=self.store.ids)
+
+    def restored(self, txn: Any, id_bytes: list[bytes], seqs: np.ndarray) -> None:
+        """Removed entries were put back as they were."""
+        self.add(txn, id_bytes, seqs)
+
+    def sweep(self, txn: Any, live: Callable[[], np.ndarray]) -> None:
+        """Nothing to sweep: an id's row goes with its entry."""
+
+
+class HashedIds:
+    """The ``runs`` layout."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.runs = SortedRuns(store.ids, 64, 8, store.fmt.entry_key_bytes)
+
+    def find(self, txn: Any, id_bytes: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """The position in ``id_bytes`` of each stored id (ascending), and its entry key."""
+        if not id_bytes:
+            return _none()
+        hashes, inverse = np.unique(_hashes(id_bytes), return_inverse=True)
+        owners, seqs = self.runs.read(txn, hashes)
+        if not len(owners):
+            return _none()
+        # Each row found pairs with every position of its hash: one, unless the ids asked for repeat.
+        positions = np.argsort(inverse, kind="stable")
+        starts = np.searchsorted(inverse[positions], np.arange(len(hashes) + 1))
+        at, row = expand_ranges(starts[owners], starts[owners + 1])
+        positions, seqs = positions[at], seqs[row]
+        entries, _, record_ids = self.store.stored_records(txn, np.unique(seqs), payloads=False)
+        slots = np.minimum(np.searchsorted(entries, seqs), max(len(entries) - 1, 0)).tolist()
+        stored_ids = record_ids.encoded()
+        # Rows found are ids stored (rare: a replay, a redelivery) and hash collisions: a step each.
+        confirmed = sorted(
+            {
+                (position, seq)
+                for position, seq, slot in zip(positions.tolist(), seqs.tolist(), slots, strict=True)
+                if len(entries) and int(entries[slot]) == seq and stored_ids[slot] == id_bytes[position]
+            }
+        )
+        if not confirmed:
+            return _none()
+        found_at, found_seqs = zip(*confirmed, strict=True)
+        return np.array(found_at, dtype=np.intp), np.array(found_seqs, dtype=np.uint64)
+
+    def add(self, txn: Any, id_bytes: list[bytes], seqs: np.ndarray) -> None:
+        """Store the ids of new entries (none of them stored): one run."""
+        hashes = _hashes(id_bytes)
+        order = np.argsort(hashes, kind="stable")
+        self.runs.insert(txn, hashes[order], np.asarray(seqs, dtype=np.uint64)[order])
+
+    def removed(self, txn: Any, id_bytes: list[bytes], seqs: np.ndarray) -> None:
+        """The entries of these ids were removed: their rows stay until a sweep."""
+        self.store.put_counter(txn, META_UNSWEPT_IDS, self.store.counter(txn, META_UNSWEPT_IDS) + len(seqs))
+
+    def restored(self, txn: Any, id_bytes: list[bytes], seqs: np.ndarray) -> None:
+        """Removed entries were put back as they were: their rows stayed (a sweep keeps those a rollback may
+        restore)."""
+        unswept = self.store.counter(txn, META_UNSWEPT_IDS)
+        self.store.put_counter(txn, META_UNSWEPT_IDS, max(unswept - len(seqs), 0))
+
+    def sweep(self, txn: Any, live: Callable[[], np.ndarray]) -> None:
+        """Once rows of removed entries are as many as the entries, write the ids again without them: only the
+        rows of ``live()`` entry keys (ascending) stay."""
+        if self.store.counter(txn, META_UNSWEPT_IDS) < max(self.store.counter(txn, META_COUNT), 1):
+            return
+        keys, values = self.runs.rows(txn)
+        kept = np.isin(values, live())
+        self.runs.replace(txn, keys[kept], values[kept])
+        self.store.put_counter(txn, META_UNSWEPT_IDS, 0)
+
+
+Ids = IdKeys | HashedIds
+
+
+def id_index(store: Store) -> Ids:
+    """The ids of ``store``, in the layout its format records."""
+    return HashedIds(store) if store.fmt.id_layout == "runs" else IdKeys(store)
+
+
+def _hashes(id_bytes: list[bytes]) -> np.ndarray:
+    """A 64-bit hash of every byte of each id's key."""
+    return id_hashes(keys_of_ids(id_bytes), hashed_bytes=MAX_ID_KEY_BYTES)
