@@ -25,11 +25,12 @@ Layout (one LMDB environment, names in ``streamdedup.names``):
 - ``folds`` (dupsort + dupfixed): fold -> entry sequence numbers (table values name a fold, not an entry,
   which keeps tables at ~8 bytes per entry on 64-bit fingerprints).
 - ``entries``: sequence (big-endian, monotonic, appended) -> record (fingerprint, event time, origin,
-  payload, id). ``ids``: id -> sequence (``ids``: hashed sorted runs, or keyed by the id before format 8;
-  ``unswept_ids`` counts the rows of removed entries since the last sweep). ``times``: (time bucket, first sequence of a batch) -> that batch's
-  sequences in the bucket as (start, stop) runs: one row per batch, and expiry and eviction read only the
-  oldest rows. ``origins``: (topic, partition, offset) -> sequence, for rollback. ``sources``: (topic,
-  partition) -> next offset. ``topics``: topic name -> small id. ``meta``: plan, format, counters.
+  payload, id). ``ids``: id -> sequence (module ``ids``: hashed sorted runs, keyed by the id before format 8;
+  the meta counter ``unswept_ids`` holds the rows of removed entries since their last sweep). ``times``: (time
+  bucket, first sequence of a batch) -> that batch's sequences in the bucket as (start, stop) runs: one row per
+  batch, and expiry and eviction read only the oldest rows. ``origins``: (topic, partition, offset) -> sequence,
+  for rollback. ``sources``: (topic, partition) -> next offset. ``topics``: topic name -> small id. ``meta``:
+  plan, format, counters.
 - ``undo``: per batch that stored entries, the last ``UNDO_BATCHES`` of them, what it changed beyond its own
   entries: the records it removed (expiry, ``max_entries`` eviction, a re-added id), the ``times`` rows it
   deleted or trimmed, and the clock, its window and the count before it. ``rollback`` undoes the newest

@@ -41,7 +41,8 @@ def test_added_ids_are_always_present_and_most_absent_ids_are_not() -> None:
     key_filter.add(np.zeros((2, 0), np.uint64), id_hashes(added))
     assert key_filter.may_hold_ids(id_hashes(added)).all()
     absent = [f"doc-{i}".encode() for i in range(MIN_CAPACITY, 3 * MIN_CAPACITY)]
-    assert abs(key_filter.may_hold_ids(id_hashes(absent)).mean() - (1 - np.exp(-1 / BITS_PER_KEY))) < 0.01
+    # Two bits an id: both set for about (1 - e^(-2/16))^2 = 1.4 % of absent ids at capacity.
+    assert abs(key_filter.may_hold_ids(id_hashes(absent)).mean() - (1 - np.exp(-2 / BITS_PER_KEY)) ** 2) < 0.003
     # The tables' bitmaps stay clear: ids and keys do not share bits.
     assert not key_filter.may_contain(0, np.arange(2**16, dtype=np.uint64)).any()
 
@@ -242,6 +243,38 @@ def test_a_closing_writer_saves_its_filter_and_the_next_one_loads_it(tmp_path: P
     with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
         _refuse_rebuild(index)
         assert index.query(stored[350:]) == _brute(stored, ids, stored[350:], 3)
+
+
+def test_a_filter_saved_with_one_bit_an_id_is_rebuilt_not_loaded(tmp_path: Path) -> None:
+    plan, stored, ids = _plan_and_data(200, 12)
+    with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
+        index.add(ids, stored)
+        assert index.query(stored[:1])[0][0] == ("d0", 0)
+    # As older code saved it: no count of bits an id, one bit each (only the first of today's two).
+    with np.load(tmp_path / KEY_FILTER_FILE) as saved:
+        token, bitmaps = saved["token"], saved["bitmaps"]
+    one_bit = KeyFilter([len(key) for key in plan.tables], MIN_CAPACITY, covers=0)
+    slots = (id_hashes(keys_of_ids([i.encode() for i in ids])) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(
+        64 - one_bit.id_slot_bits
+    )
+    id_bitmap = np.zeros_like(one_bit._id_bitmap)
+    np.bitwise_or.at(
+        id_bitmap[0], (slots >> np.uint64(3)).astype(np.intp), (1 << (slots & np.uint64(7))).astype(np.uint8)
+    )
+    with (tmp_path / KEY_FILTER_FILE).open("wb") as out:
+        np.savez(out, token=token, bitmaps=bitmaps, ids=id_bitmap)
+    rebuilt = []
+    with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
+        fill = index._cached.fill_key_filter
+
+        def counted(*args: object) -> None:
+            rebuilt.append(True)
+            fill(*args)  # type: ignore[arg-type]
+
+        index._cached.fill_key_filter = counted  # type: ignore[method-assign]
+        at, records = index.entries_with_ids([*ids, "new"])
+        assert rebuilt
+        assert records.ids == ids and at.tolist() == list(range(200))
 
 
 def test_a_saved_filter_is_not_loaded_after_another_writer_added_keys(tmp_path: Path) -> None:
