@@ -287,7 +287,8 @@ class PackedBuckets(_Table):
 
 
 _CHUNK_ROWS = 64
-"""Rows of a run's chunk (more where a key holds more, as a key's rows never span two chunks): what a probe reads."""
+"""Rows of a run's chunk by default (more where a key holds more, as a key's rows never span two chunks): what a
+probe reads. A reader needs no setting: each run's directory names its chunks."""
 _FILTER_BITS_PER_ROW = 8
 _CATALOG = bytes(8)
 """The table's list of runs, oldest first, after the next run id: run 0 is no run."""
@@ -314,8 +315,9 @@ class SortedRuns(_Table):
 
     flags: ClassVar[dict[str, bool]] = {}
 
-    def __init__(self, db: Any, key_bits: int, key_bytes: int, value_bytes: int) -> None:
+    def __init__(self, db: Any, key_bits: int, key_bytes: int, value_bytes: int, chunk_rows: int = _CHUNK_ROWS) -> None:
         super().__init__(db, key_bits, key_bytes, value_bytes)
+        self.chunk_rows = chunk_rows
         # Per run (number and stamp), its chunks' first keys and its key bitmap: a run never changes, so once read
         # they hold for as long as it lives.
         self._directories: dict[tuple[int, int], np.ndarray] = {}
@@ -416,7 +418,7 @@ class SortedRuns(_Table):
     def _write_run(self, txn: Any, run: int, keys: np.ndarray, values: np.ndarray) -> np.void:
         """Append a run of these rows (keys ascending); its catalog record."""
         # Chunks start at a key's first row, so that a key's rows are in one chunk.
-        starts = np.unique(np.searchsorted(keys, keys[::_CHUNK_ROWS], side="left"))
+        starts = np.unique(np.searchsorted(keys, keys[:: self.chunk_rows], side="left"))
         packed = np.hstack([int_rows(keys, self.key_bytes), int_rows(values, self.value_bytes)]).tobytes()
         row_bytes = self.key_bytes + self.value_bytes
         bounds = (np.append(starts, len(keys)) * row_bytes).tolist()
