@@ -96,14 +96,19 @@ class HashedIds:
         at, row = expand_ranges(starts[owners], starts[owners + 1])
         positions, seqs = positions[at], seqs[row]
         entries, _, record_ids = self.store.stored_records(txn, np.unique(seqs), payloads=False)
-        slots = np.minimum(np.searchsorted(entries, seqs), max(len(entries) - 1, 0)).tolist()
+        if not len(entries):
+            return _none()
+        slots = np.minimum(np.searchsorted(entries, seqs), len(entries) - 1)
+        held = (entries[slots] == seqs).tolist()
         stored_ids = record_ids.encoded()
         # Rows found are ids stored (rare: a replay, a redelivery) and hash collisions: a step each.
         confirmed = sorted(
             {
                 (position, seq)
-                for position, seq, slot in zip(positions.tolist(), seqs.tolist(), slots, strict=True)
-                if len(entries) and int(entries[slot]) == seq and stored_ids[slot] == id_bytes[position]
+                for position, seq, slot, stored in zip(
+                    positions.tolist(), seqs.tolist(), slots.tolist(), held, strict=True
+                )
+                if stored and stored_ids[slot] == id_bytes[position]
             }
         )
         if not confirmed:

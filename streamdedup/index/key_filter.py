@@ -142,7 +142,7 @@ class KeyFilter:
     def _id_slots(self, id_hashes: np.ndarray) -> np.ndarray:
         """(2, n): each id's two slots, from two multipliers of its hash."""
         hashes = np.asarray(id_hashes, dtype=np.uint64)
-        return (np.stack([hashes * _GOLDEN, hashes * _SECOND]) >> np.uint64(64 - self.id_slot_bits)).astype(np.uint64)
+        return np.stack([hashes * _GOLDEN, hashes * _SECOND]) >> np.uint64(64 - self.id_slot_bits)
 
     def add(self, keys: np.ndarray, id_hashes: np.ndarray) -> None:
         """Mark ``keys`` ((tables, n) uint64, row t holding table t's keys) and ids (their ``id_hashes``, see
