@@ -7,12 +7,9 @@ Two layouts; the index's format says which (``IndexFormat.id_layout``):
   ``MAX_ID_KEY_BYTES`` by their BLAKE2b digest). Ids come in no particular order, so a batch's rows land on
   random B-tree pages: on an index of 500,000 entries nearly every id stored dirties a page of its own, which
   the commit writes out again.
-- ``runs``: rows of (64-bit hash of the id, entry key) in ``ids``, as the sorted runs of ``table.SortedRuns``: a
-  batch appends one run and the runs merge in binary tiers, so a row is written about log2(entries / batch)
-  times, each time appended. A hash found is confirmed on its entry's record, which holds the id: ids whose
-  hashes collide cost a record read, never a wrong answer. A removed entry's row stays (its record is gone, so
-  it no longer confirms) until the index holds as many such rows as entries; the next batch then sweeps them,
-  writing the ids again as one run without them. Rows of entries a rollback may restore stay.
+- ``runs``: rows of (64-bit hash of the id, entry key) in ``ids``, as ``hashed_runs`` keeps them: written in
+  appended runs, each hash found confirmed on its entry's record, which holds the id (ids whose hashes collide
+  cost a record read, never a wrong answer), rows of removed entries swept in bulk.
 
 Either way the key filter comes first: it proves most ids of a batch new, and those are not looked up here.
 """
@@ -24,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .sorted_rows import expand_ranges
-from .store import MAX_ID_KEY_BYTES, META_COUNT, META_UNSWEPT_IDS, U64, Store, id_hashes, keys_of_ids, seq_bytes
-from .table import SortedRuns
+from .hashed_runs import HashedRuns
+from .store import MAX_ID_KEY_BYTES, META_UNSWEPT_IDS, U64, Store, id_hashes, keys_of_ids, seq_bytes
 
 __all__ = ["HashedIds", "IdKeys", "Ids", "id_index"]
 
@@ -80,21 +76,15 @@ class HashedIds:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.runs = SortedRuns(store.ids, 64, 8, store.fmt.entry_key_bytes, chunk_rows=_CHUNK_ROWS)
+        self.runs = HashedRuns(store, store.ids, META_UNSWEPT_IDS, _CHUNK_ROWS)
 
     def find(self, txn: Any, id_bytes: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """The position in ``id_bytes`` of each stored id (ascending), and its entry key."""
         if not id_bytes:
             return _none()
-        hashes, inverse = np.unique(_hashes(id_bytes), return_inverse=True)
-        owners, seqs = self.runs.read(txn, hashes)
-        if not len(owners):
+        positions, seqs = self.runs.read(txn, _hashes(id_bytes))
+        if not len(positions):
             return _none()
-        # Each row found pairs with every position of its hash: one, unless the ids asked for repeat.
-        positions = np.argsort(inverse, kind="stable")
-        starts = np.searchsorted(inverse[positions], np.arange(len(hashes) + 1))
-        at, row = expand_ranges(starts[owners], starts[owners + 1])
-        positions, seqs = positions[at], seqs[row]
         entries, _, record_ids = self.store.stored_records(txn, np.unique(seqs), payloads=False)
         if not len(entries):
             return _none()
@@ -118,29 +108,19 @@ class HashedIds:
 
     def add(self, txn: Any, id_bytes: list[bytes], seqs: np.ndarray) -> None:
         """Store the ids of new entries (none of them stored): one run."""
-        hashes = _hashes(id_bytes)
-        order = np.argsort(hashes, kind="stable")
-        self.runs.insert(txn, hashes[order], np.asarray(seqs, dtype=np.uint64)[order])
+        self.runs.insert(txn, _hashes(id_bytes), seqs)
 
     def removed(self, txn: Any, id_bytes: list[bytes], seqs: np.ndarray) -> None:
         """The entries of these ids were removed: their rows stay until a sweep."""
-        self.store.put_counter(txn, META_UNSWEPT_IDS, self.store.counter(txn, META_UNSWEPT_IDS) + len(seqs))
+        self.runs.removed(txn, len(seqs))
 
     def restored(self, txn: Any, id_bytes: list[bytes], seqs: np.ndarray) -> None:
-        """Removed entries were put back as they were: their rows stayed (a sweep keeps those a rollback may
-        restore)."""
-        unswept = self.store.counter(txn, META_UNSWEPT_IDS)
-        self.store.put_counter(txn, META_UNSWEPT_IDS, max(unswept - len(seqs), 0))
+        """Removed entries were put back as they were: their rows stayed."""
+        self.runs.restored(txn, len(seqs))
 
     def sweep(self, txn: Any, live: Callable[[], np.ndarray]) -> None:
-        """Once rows of removed entries are as many as the entries, write the ids again without them: only the
-        rows of ``live()`` entry keys (ascending) stay."""
-        if self.store.counter(txn, META_UNSWEPT_IDS) < max(self.store.counter(txn, META_COUNT), 1):
-            return
-        keys, values = self.runs.rows(txn)
-        kept = np.isin(values, live())
-        self.runs.replace(txn, keys[kept], values[kept])
-        self.store.put_counter(txn, META_UNSWEPT_IDS, 0)
+        """Sweep the rows of removed entries when due (see ``hashed_runs``)."""
+        self.runs.sweep(txn, live)
 
 
 Ids = IdKeys | HashedIds
