@@ -34,6 +34,7 @@ __all__ = [
     "HEADER_SOURCE_OFFSET",
     "HEADER_SOURCE_PARTITION",
     "HEADER_SOURCE_TOPIC",
+    "INDEX_DB_CONTENTS",
     "INDEX_DB_ENTRIES",
     "INDEX_DB_FOLDS",
     "INDEX_DB_IDS",
@@ -126,6 +127,7 @@ INDEX_DB_STAGED = "table-staged"
 INDEX_DB_FOLDS = "folds"
 INDEX_DB_ENTRIES = "entries"
 INDEX_DB_IDS = "ids"
+INDEX_DB_CONTENTS = "contents"
 INDEX_DB_TIMES = "times"
 INDEX_DB_ORIGINS = "origins"
 INDEX_DB_SOURCES = "sources"

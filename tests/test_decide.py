@@ -18,6 +18,7 @@ from streamdedup.document import Document
 from streamdedup.index import IndexStorageError
 from streamdedup.quality.corpus import load_stream
 from streamdedup.settings import Settings, load_settings
+from streamdedup.signature import Signatures
 from tests.conftest import plant_decision_bug
 
 BASE = "the quick brown fox jumps over the lazy dog while the farmer watches from the old red barn"
@@ -320,6 +321,25 @@ def test_hot_keys_leave_candidates_per_document_bounded_and_copies_caught(
         assert kept == [v.novel for v in verdicts["unbounded"]]
     else:
         assert sum(v.novel for v in bounded) < 20
+
+
+def test_an_exact_copy_of_a_document_its_keys_had_no_room_for_is_dropped(settings: Settings, tmp_path: Path) -> None:
+    # With one row a key, a second document of the first's fingerprint (and another sketch: no copy of it) finds
+    # every key full and is stored under none. The tables cannot lead its copies to it; its content does.
+    one_row = settings.model_copy(update={"dedup": settings.dedup.model_copy(update={"key_capacity": 1})})
+    other = "an entirely different sentence about databases, transactions and the weather in spring"
+    with open_index(one_row, tmp_path / "idx") as index:
+        dedup = Deduplicator(one_row, index)
+        signed = dedup.signer.sign([BASE, other])
+        first = Signatures(signed.fingerprints[:1], signed.sketches[:1], (None,), signed.empty[:1])
+        second = Signatures(signed.fingerprints[:1], signed.sketches[1:], (None,), signed.empty[:1])
+        verdicts = [
+            dedup.decide(docs([text], start), signatures=signatures)[0]
+            for start, (text, signatures) in enumerate([(BASE, first), (other, second), (other, second)])
+        ]
+        assert len(index) == 2
+    assert [(v.reason, v.match_id) for v in verdicts] == [("novel", None), ("novel", None), ("exact", "d1")]
+    assert verdicts[2].distance == 0 and verdicts[2].jaccard == 1.0
 
 
 @pytest.mark.parametrize(("stream", "max_entries"), [("tune", None), ("template", None), ("tune", 300)])

@@ -3,11 +3,12 @@ caller's settings are compatible with an index that exists.
 
 Format 1 had no staged rows; format 2 stored folds in every plan's tables; formats 1-3 kept every table as dupsort
 rows; format 4 had no undo records; formats 1-5 stored entry keys in tables as 8 bytes, in the rows layout; formats
-1-6 stored each record at full width; formats 1-7 kept ids as B-tree keys. All read as format 8 (with none
-staged, with fold values, with the rows layout, with nothing to undo, with 8-byte entry keys, with fixed records,
-with ids as keys) and are marked 8 when opened to write: older code must not misread new indexes, nor write batches
-that the undo records would then not account for. A new entry-valued index keeps its tables as sorted runs
-(``table``) and packs its records (``record``); every new index keeps its ids as hashed runs (``ids``).
+1-6 stored each record at full width; formats 1-7 kept ids as B-tree keys; formats 1-8 had no content index. All
+read as format 9 (with none staged, with fold values, with the rows layout, with nothing to undo, with 8-byte entry
+keys, with fixed records, with ids as keys, without contents) and are marked 9 when opened to write: older code must
+not misread new indexes, nor write batches that the undo records, the ids or the contents would then not account
+for. A new entry-valued index keeps its tables as sorted runs (``table``) and packs its records (``record``); every
+new index keeps its ids as hashed runs (``ids``) and its entries by content (``contents``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from .table import TableLayout
 
 __all__ = ["ENTRY_KEY_BYTES", "ENTRY_VALUES", "FOLD_VALUES", "FORMAT_VERSION", "IdLayout", "IndexFormat", "planned"]
 
-FORMAT_VERSION = 8
-_READABLE_FORMATS = (1, 2, 3, 4, 5, 6, 7, 8)
+FORMAT_VERSION = 9
+_READABLE_FORMATS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 _META_FORMAT = b"format"
 FOLD_VALUES, ENTRY_VALUES = "folds", "entries"
 IdLayout = Literal["keys", "runs"]
@@ -57,6 +58,8 @@ class IndexFormat:
     """What payloads hold: bytes stored as given, or bottom-k sketches (see ``record``)."""
     id_layout: IdLayout = "keys"
     """How ids lead to their entries (see ``ids``)."""
+    contents: bool = False
+    """Whether entries are found by their content (see ``contents``): every index created from format 9 on."""
 
     @classmethod
     def opened(
@@ -103,6 +106,7 @@ class IndexFormat:
                 "records": PACKED_RECORDS,
                 "payload": payload_kind,
                 "ids": "runs",
+                "contents": True,
             }
             with env.begin(write=True) as txn:
                 txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=meta)
@@ -130,6 +134,7 @@ class IndexFormat:
             fmt.get("records", FIXED_RECORDS),
             fmt.get("payload", BYTES_PAYLOAD),
             fmt.get("ids", "keys"),
+            bool(fmt.get("contents", False)),
         )
         opened.check_compatible(path, bits, radius, payload_bytes, plan, signing)
         return opened

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .cached import Cached
+from .contents import Contents
 from .ids import Ids
 from .keys import HeldRows, TableKeys, most_shared, packed, table_keys
 from .mirror import fetched_rows
@@ -83,10 +84,11 @@ class EntryRecords:
 class Lookup:
     """Search and records over one open store, through its copies in memory, and its entries by id."""
 
-    def __init__(self, store: Store, cached: Cached, ids: Ids) -> None:
+    def __init__(self, store: Store, cached: Cached, ids: Ids, contents: Contents | None) -> None:
         self.store = store
         self.cached = cached
         self.ids = ids
+        self.contents = contents
         self.fmt = store.fmt
 
     def checked(self, fps: np.ndarray) -> np.ndarray:

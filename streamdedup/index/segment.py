@@ -26,7 +26,9 @@ Layout (one LMDB environment, names in ``streamdedup.names``):
   which keeps tables at ~8 bytes per entry on 64-bit fingerprints).
 - ``entries``: sequence (big-endian, monotonic, appended) -> record (fingerprint, event time, origin,
   payload, id). ``ids``: id -> sequence (module ``ids``: hashed sorted runs, keyed by the id before format 8;
-  the meta counter ``unswept_ids`` holds the rows of removed entries since their last sweep). ``times``: (time
+  the meta counter ``unswept_ids`` holds the rows of removed entries since their last sweep). ``contents``: hash
+  of fingerprint and payload -> sequence, for the entries stored under too few table keys for their exact copies
+  to find them (module ``contents``, from format 9; the same runs, counter ``unswept_contents``). ``times``: (time
   bucket, first sequence of a batch) -> that batch's sequences in the bucket as (start, stop) runs: one row per
   batch, and expiry and eviction read only the oldest rows. ``origins``: (topic, partition, offset) -> sequence,
   for rollback. ``sources``: (topic, partition) -> next offset. ``topics``: topic name -> small id. ``meta``:
@@ -41,7 +43,8 @@ Layout (one LMDB environment, names in ``streamdedup.names``):
 ``SegmentIndex`` owns the environment and its transactions, and hands each to the parts, one idea each: the
 format and its compatibility (``format``), the databases and their key encodings (``store``), what is cached in
 memory and when it is fresh (``cached``), lookup (``lookup``), the write path (``writes``, ``staging``), and
-removal, expiry, sweeps and rollback (``expiry``, ``undo``), and entries by id (``ids``).
+removal, expiry, sweeps and rollback (``expiry``, ``undo``), and entries by id (``ids``) and by content
+(``contents``), both as ``hashed_runs``.
 
 Every batch is one write transaction: the entries, their table rows and the source offsets commit together
 or not at all, so a crash at any moment leaves exactly the committed batches.
@@ -65,6 +68,7 @@ import numpy as np
 from .. import names
 from ..settings import IndexSettings
 from .cached import Cached
+from .contents import content_index
 from .expiry import Expiry
 from .format import IndexFormat, planned
 from .ids import id_index
@@ -225,7 +229,7 @@ class SegmentIndex:
         if store.missing():
             raise PlanError(f"{self.path}: index databases missing; is it a streamdedup index?")
         self._cached = cached = Cached(store, self.path, readonly=self.readonly, mirror_bytes=self._mirror_bytes)
-        self._lookup = lookup = Lookup(store, cached, id_index(store))
+        self._lookup = lookup = Lookup(store, cached, id_index(store), content_index(store))
         staging = Staging(store, cached)
         self._undo = undo = UndoRecords(store)
         self._expiry = expiry = Expiry(store, cached, lookup, staging, undo)
@@ -311,6 +315,17 @@ class SegmentIndex:
         fps = self._lookup.checked(fps)
         with self._read() as txn:
             return self._lookup.candidates(txn, fps, keys, max_candidates)
+
+    def same_contents(self, fps: np.ndarray, payloads: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Entries that may hold exactly these fingerprints and payloads ((n, bytes) uint8), found by content:
+        the row (ascending) and entry key of each, to be verified as candidates (some are removed, a few collide);
+        None on an index without contents (created before format 9), whose exact copies only the tables find."""
+        contents = self._lookup.contents
+        if contents is None:
+            return None
+        fps = self._lookup.checked(fps)
+        with self._read() as txn:
+            return contents.find(txn, fps, payloads)
 
     def times_and_payloads(self, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each of these entry keys (any order): whether it is still stored, its event time and its payload,
@@ -478,6 +493,7 @@ class SegmentIndex:
             "table_layout": self.fmt.table_layout,
             "record_layout": self.fmt.record_layout,
             "id_layout": self.fmt.id_layout,
+            "contents": self.fmt.contents,
             "payload_kind": self.fmt.payload_kind,
             "payload_bytes": self.payload_bytes,
             # How the stored fingerprints and payloads were made (None: not recorded, an older index).

@@ -28,6 +28,7 @@ __all__ = [
     "bucket_start",
     "id_hashes",
     "keys_of_ids",
+    "mixed_in",
     "orderable_time",
     "origin_keys",
     "seq_bytes",
@@ -46,6 +47,7 @@ META_STAGED_GENERATION = b"staged_generation"
 META_NEXT_MERGE = b"next_merge"
 META_UNSWEPT = b"unswept"  # per table: entries removed since the table was last swept (entry-valued tables)
 META_UNSWEPT_IDS = b"unswept_ids"  # entries removed since the ids were last swept (the ``runs`` id layout)
+META_UNSWEPT_CONTENTS = b"unswept_contents"  # entries removed since the contents were last swept
 META_KEYED_WRITES = b"keyed_writes"  # batches that added table rows: what a key filter is valid for
 META_KEY_FILTER_TOKEN = b"key_filter_token"  # names the saved key filter; deleted by every batch that adds keys
 META_SKIPPED = b"skipped"  # entry keys that undone batches had taken, as (start, stop) runs: no document's any more
@@ -71,6 +73,7 @@ class Store:
         self.times = self._db(names.INDEX_DB_TIMES)
         self.entries = self._db(names.INDEX_DB_ENTRIES)
         self.ids = self._db(names.INDEX_DB_IDS)
+        self.contents = self._db(names.INDEX_DB_CONTENTS) if fmt.contents else None
         self.origins = self._db(names.INDEX_DB_ORIGINS)
         self.sources = self._db(names.INDEX_DB_SOURCES)
         self.topics = self._db(names.INDEX_DB_TOPICS)
@@ -97,6 +100,7 @@ class Store:
             (names.INDEX_DB_FOLDS, self.folds),
             (names.INDEX_DB_ENTRIES, self.entries),
             (names.INDEX_DB_IDS, self.ids),
+            (names.INDEX_DB_CONTENTS, self.contents),
             (names.INDEX_DB_TIMES, self.times),
             (names.INDEX_DB_ORIGINS, self.origins),
             (names.INDEX_DB_SOURCES, self.sources),
@@ -244,10 +248,15 @@ def id_hashes(id_keys: list[bytes], hashed_bytes: int = _ID_HASHED_BYTES) -> np.
     # A fixed-width bytes array pads with zero bytes and cuts longer ids to the width.
     words = np.array(id_keys, dtype=f"S{width}").view("<u8").reshape(n, width // 8)
     for word, column in enumerate(words.T):
-        mixed = (hashes ^ column) * _MIX
-        mixed ^= mixed >> np.uint64(32)
-        hashes = np.where(lengths > np.uint64(8 * word), mixed, hashes)
+        hashes = np.where(lengths > np.uint64(8 * word), mixed_in(hashes, column), hashes)
     return hashes
+
+
+def mixed_in(hashes: np.ndarray, words: np.ndarray | np.uint64) -> np.ndarray:
+    """64-bit hashes with one more 64-bit word of each mixed in."""
+    mixed = (hashes ^ words) * _MIX
+    mixed ^= mixed >> np.uint64(32)
+    return mixed
 
 
 def origin_keys(head: np.ndarray) -> list[bytes]:

@@ -186,7 +186,7 @@ class Writes:
                 self.expiry.evict(txn, self.max_entries, undo)
             self.undo.save(txn, undo)
             # After the undo record: the rows of entries it may restore stay.
-            self.expiry.sweep_ids(txn)
+            self.expiry.sweep_hashed(txn)
         if source_offsets:
             self.store.put_source_offsets(txn, source_offsets)
 
@@ -231,6 +231,9 @@ class Writes:
         if self.key_capacity is not None:
             # Counted before anything of this batch is staged or merged.
             stored_rows &= self._within_capacity(txn, batch_keys)
+        if self.lookup.contents is not None:
+            keys_stored = np.bincount(batch_keys.rows[stored_rows], minlength=n)
+            self.lookup.contents.add(txn, fps.reshape(n, self.fmt.words), head["payload"], seqs, keys_stored)
         self.cached.keys_added(txn, batch_keys.keys, id_keys)
         if not self.fmt.entry_valued:
             folds = batch_keys.folds
