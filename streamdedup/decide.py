@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise, repeat
 from pathlib import Path
@@ -44,10 +44,6 @@ _FIRST_VERIFIED = 4
 """Stored candidates of each row verified in the first round (see ``Deduplicator._stored_matches``)."""
 _DEEPER_EACH_ROUND = 4
 """How many times as deep into each row's candidates a round goes as the one before."""
-
-_EXACT_SHARED = 1 << 30
-"""What an exact copy found by content counts as sharing with its row: more than any count of tables, so that it
-ranks first among the row's candidates."""
 
 _RESOLVE_ROUNDS = 8
 """Rounds of the vectorised in-batch resolution before the rest goes row by row (``_duplicates_in_stream_order``)."""
@@ -217,22 +213,6 @@ class _Passed:
     jaccard: np.ndarray
     surely_visible: np.ndarray
 
-    def exact(self) -> _Passed:
-        """Those of these candidates that are exact copies: the same fingerprint and sketch."""
-        at = np.flatnonzero((self.distances == 0) & (self.jaccard >= 1.0))
-        return _Passed(
-            self.candidates[at],
-            self.kept_after[at],
-            self.ids.take(at),
-            self.distances[at],
-            self.jaccard[at],
-            self.surely_visible[at],
-        )
-
-    def moved(self, by: int) -> _Passed:
-        """These candidates, at positions ``by`` further on (their lookup's candidates after another's)."""
-        return replace(self, candidates=self.candidates + by)
-
     @staticmethod
     def ranked(rounds: Sequence[_Passed], query: np.ndarray, found: Candidates) -> _StoredCandidates:
         """Every round's candidates, best first per row: the order they were verified in (most shared tables,
@@ -249,14 +229,6 @@ class _Passed:
             np.concatenate([each.distances for each in rounds]),
             np.concatenate([each.jaccard for each in rounds]),
         )
-
-
-@dataclass(frozen=True)
-class _LookedUp:
-    """The rows (ascending) whose candidates the tables were asked for, and their keys with the rows each holds."""
-
-    rows: np.ndarray
-    keys: TableKeys
 
 
 @dataclass(frozen=True)
@@ -456,7 +428,7 @@ class Deduplicator:
         fingerprinted = time.perf_counter()
 
         redeliveries = self._stored_redeliveries(ids, origins, fps, times, sketches)
-        stored, stored_counts, asked = self._stored_matches(ids, origins, fps, times, sketches, indexable, keys)
+        stored, stored_counts, lookup_keys = self._stored_matches(ids, origins, fps, times, sketches, indexable, keys)
         self.last_candidates = stored_counts + np.bincount(pairs.later, minlength=len(docs))
         repeats = self._repeated_ids(ids, fps, sketches, indexable)
         # What a row sees depends on how many rows before it are kept (max_entries), which depends on what those
@@ -495,8 +467,11 @@ class Deduplicator:
         looked_up = time.perf_counter()
         keep = np.flatnonzero(indexable & ~duplicate)
         # The kept rows' keys as the lookup saw them, with the rows each key holds: not read again to store them.
-        # Every kept row was looked up: only duplicates skip the lookup (an exact copy found by its content).
-        kept_keys = keys.subset(keep) if asked is None else asked.keys.subset(np.searchsorted(asked.rows, keep))
+        kept_keys = (
+            keys.subset(keep)
+            if lookup_keys is None
+            else lookup_keys.subset(np.searchsorted(np.flatnonzero(indexable), keep))
+        )
         parts = None
         if part_offsets is not None:
             kept_ends = np.searchsorted(keep, [end for end, _ in part_offsets]).tolist()
@@ -646,45 +621,31 @@ class Deduplicator:
         sketches: np.ndarray,
         indexable: np.ndarray,
         keys: TableKeys,
-    ) -> tuple[_StoredCandidates, np.ndarray, _LookedUp | None]:
+    ) -> tuple[_StoredCandidates, np.ndarray, TableKeys | None]:
         """Accepted stored candidates, best first per row; how many stored candidates each row was compared with;
-        and the rows the tables were asked about, with their keys and the rows each holds, when the lookup
-        counted them.
+        and the indexable rows' keys with the rows each holds, when the lookup counted them.
 
-        A row's candidates are verified in order: first the exact copies the content index finds (documents
-        stored under too few keys for the tables to lead to, see ``index.contents``), then those the tables name,
-        by the tables they share with it, most first, the earliest stored among equals; its best candidate is the
-        first in that order that passes. A row with an exact copy that passes and that ``max_entries`` cannot hide
-        is settled without the tables. The rest go in rounds: the first 4 candidates of each row, then 16, 64, ...:
-        a row stops at the first round with a candidate that passes and that ``max_entries`` cannot hide, so a copy
-        costs the sketches of a few candidates, not of all of them, and the verdicts are those of verifying every
-        one."""
+        A row's candidates are verified in the order of the tables they share with it, most first, the earliest
+        stored among equals, then the exact copies the content index finds (documents stored under too few keys for
+        the tables to lead to, see ``index.contents``); its best candidate is the first in that order that passes.
+        Rounds verify the first 4 of each row, then 16, 64, ...: a row stops at the first round with a candidate
+        that passes and that ``max_entries`` cannot hide, so a copy costs the sketches of a few candidates, not of
+        all of them, and only the rows the tables leave open ask the content index. The verdicts are those of
+        verifying every one."""
         rows = np.flatnonzero(indexable)
         compared = np.zeros(len(ids), dtype=np.int64)
         if not len(rows) or not len(self.index):
             return _StoredCandidates.none(), compared, None
+        lookup_keys = keys.subset(rows)
+        found = self.index.candidates(fps[rows], keys=lookup_keys, max_candidates=self._max_candidates)
+        if found.held is not None:
+            lookup_keys = lookup_keys.with_held(found.held)
+        query = rows[found.rows]
+        checked = np.zeros(len(found), dtype=bool)
+        settled = np.zeros(len(ids), dtype=bool)
         verified = partial(
             self._verified, ids=ids, origins=origins, fps=fps, times=times, sketches=sketches, compared=compared
         )
-        settled = np.zeros(len(ids), dtype=bool)
-        lookups: list[tuple[np.ndarray, Candidates, list[_Passed]]] = []
-        payloads = np.ascontiguousarray(sketches[rows]).view(np.uint8).reshape(len(rows), -1)
-        same = self.index.same_contents(fps[rows], payloads)
-        if same is not None and len(same[0]):
-            at, entries = same
-            exact_found = Candidates(at, entries, np.full(len(at), _EXACT_SHARED))
-            exact = verified(np.arange(len(at)), rows[at], exact_found).exact()
-            settled[rows[at[exact.candidates[exact.surely_visible]]]] = True
-            lookups.append((rows, exact_found, [exact]))
-        looked = rows[~settled[rows]]
-        if not len(looked):
-            return self._ranked_lookups(lookups), compared, None
-        lookup_keys = keys.subset(looked)
-        found = self.index.candidates(fps[looked], keys=lookup_keys, max_candidates=self._max_candidates)
-        if found.held is not None:
-            lookup_keys = lookup_keys.with_held(found.held)
-        query = looked[found.rows]
-        checked = np.zeros(len(found), dtype=bool)
         passed: list[_Passed] = []
         limit = _FIRST_VERIFIED
         while True:
@@ -700,26 +661,42 @@ class Deduplicator:
             checked[top] = True
             passed.append(batch)
             settled[query[batch.candidates[batch.surely_visible]]] = True
-        lookups.append((looked, found, passed))
-        return self._ranked_lookups(lookups), compared, _LookedUp(looked, lookup_keys)
-
-    @staticmethod
-    def _ranked_lookups(lookups: Sequence[tuple[np.ndarray, Candidates, list[_Passed]]]) -> _StoredCandidates:
-        """The candidates that passed in these lookups (each the rows it asked about, what it found and its rounds),
-        as one lookup's, best first per row."""
-        if not lookups:
-            return _StoredCandidates.none()
-        offsets = np.cumsum([0] + [len(found) for _, found, _ in lookups]).tolist()
-        query = np.concatenate([asked[found.rows] for asked, found, _ in lookups])
-        found = Candidates(
-            np.concatenate([found.rows for _, found, _ in lookups]),
-            np.concatenate([found.entries for _, found, _ in lookups]),
-            np.concatenate([found.shared for _, found, _ in lookups]),
+        found, query = self._with_same_contents(
+            rows, np.flatnonzero(~settled[rows]), fps, sketches, found, query, passed, verified
         )
-        rounds = [
-            each.moved(offset) for (_, _, passed), offset in zip(lookups, offsets, strict=False) for each in passed
-        ]
-        return _Passed.ranked(rounds, query, found)
+        return _Passed.ranked(passed, query, found), compared, lookup_keys
+
+    def _with_same_contents(
+        self,
+        rows: np.ndarray,
+        open_rows: np.ndarray,
+        fps: np.ndarray,
+        sketches: np.ndarray,
+        found: Candidates,
+        query: np.ndarray,
+        passed: list[_Passed],
+        verified: Callable[[np.ndarray, np.ndarray, Candidates], _Passed],
+    ) -> tuple[Candidates, np.ndarray]:
+        """``found`` (the tables' candidates for the looked-up ``rows``, each the row ``query`` names) and the
+        entries the content index finds for the ``open_rows`` of them (positions in ``rows``), after them and
+        counted as sharing no table, so that they rank after every candidate of the tables; those that pass join
+        ``passed``."""
+        if not len(open_rows):
+            return found, query
+        asked = rows[open_rows]
+        payloads = np.ascontiguousarray(sketches[asked]).view(np.uint8).reshape(len(asked), -1)
+        same = self.index.same_contents(fps[asked], payloads)
+        if same is None or not len(same[0]):
+            return found, query
+        at, entries = same
+        joined = Candidates(
+            np.concatenate([found.rows, open_rows[at]]),
+            np.concatenate([found.entries, entries]),
+            np.concatenate([found.shared, np.zeros(len(at), dtype=found.shared.dtype)]),
+        )
+        query = np.concatenate([query, asked[at]])
+        passed.append(verified(len(found) + np.arange(len(at)), query, joined))
+        return joined, query
 
     def _verified(
         self,

@@ -315,13 +315,24 @@ class SortedRuns(_Table):
 
     flags: ClassVar[dict[str, bool]] = {}
 
-    def __init__(self, db: Any, key_bits: int, key_bytes: int, value_bytes: int, chunk_rows: int = _CHUNK_ROWS) -> None:
+    def __init__(
+        self,
+        db: Any,
+        key_bits: int,
+        key_bytes: int,
+        value_bytes: int,
+        chunk_rows: int = _CHUNK_ROWS,
+        *,
+        rows_in_memory: bool = False,
+    ) -> None:
         super().__init__(db, key_bits, key_bytes, value_bytes)
         self.chunk_rows = chunk_rows
-        # Per run (number and stamp), its chunks' first keys and its key bitmap: a run never changes, so once read
-        # they hold for as long as it lives.
+        # Per run (number and stamp), its chunks' first keys and its key bitmap, or with ``rows_in_memory`` its
+        # rows (a small table that every batch probes: searched in memory, without a read per run): a run never
+        # changes, so once read they hold for as long as it lives.
         self._directories: dict[tuple[int, int], np.ndarray] = {}
         self._filters: dict[tuple[int, int], np.ndarray] = {}
+        self._rows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] | None = {} if rows_in_memory else None
 
     def merge_due(self, txn: Any, rows: int) -> bool:
         """Whether a merge of this many staged rows is due at the table's turn: always, as a merge only appends."""
@@ -336,6 +347,14 @@ class SortedRuns(_Table):
         directory names, in one ``getmulti``."""
         owners, values = [], []
         for run in self._catalog(txn)[1]:
+            if self._rows is not None:
+                run_keys, run_values = self._rows_of(txn, run, self._rows)
+                at, owner = expand_ranges(
+                    np.searchsorted(run_keys, keys, side="left"), np.searchsorted(run_keys, keys, side="right")
+                )
+                owners.append(owner)
+                values.append(run_values[at])
+                continue
             probed = np.flatnonzero(self._may_hold(txn, run, keys))
             if not len(probed):
                 continue
@@ -411,7 +430,7 @@ class SortedRuns(_Table):
         packed = np.array(runs, dtype=_RUN) if runs else np.zeros(0, dtype=_RUN)
         txn.put(_CATALOG, next_run.to_bytes(4, "little") + packed.tobytes(), db=self.db)
         live = set(zip(packed["run"].tolist(), packed["stamp"].tolist(), strict=True))
-        for cache in (self._directories, self._filters):
+        for cache in (self._directories, self._filters, self._rows or {}):
             for run in [run for run in cache if run not in live]:
                 del cache[run]
 
@@ -437,6 +456,8 @@ class SortedRuns(_Table):
             raise ValueError(f"run {run} is not the table's newest")
         stamp = int.from_bytes(os.urandom(4), "little")
         self._directories[run, stamp], self._filters[run, stamp] = directory, bitmap
+        if self._rows is not None:
+            self._rows[run, stamp] = keys.astype(np.uint64), values.astype(np.uint64)
         return np.array([(run, stamp, len(keys), len(starts), filter_slots)], dtype=_RUN)[0]
 
     def _drop_run(self, txn: Any, run: np.void) -> None:
@@ -447,6 +468,14 @@ class SortedRuns(_Table):
         with txn.cursor(self.db) as cursor:
             found = cursor.getmulti(_chunk_keys(int(run["run"]), range(int(run["chunks"]))))
         return self.split_rows(b"".join(value for _, value in found))
+
+    def _rows_of(
+        self, txn: Any, run: np.void, cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        named = (int(run["run"]), int(run["stamp"]))
+        if named not in cache:
+            cache[named] = self._run_rows(txn, run)
+        return cache[named]
 
     def _directory(self, txn: Any, run: np.void) -> np.ndarray:
         named = (int(run["run"]), int(run["stamp"]))
