@@ -5,10 +5,10 @@ fingerprint and payload.
 common phrase) takes no more once full. A document stored under few keys (a short, common text: "New upstream
 release.", "Valid values are:") is then found through the tables by none of its copies, or ranked among the many
 earlier documents that share those keys and cut by ``dedup.max_candidates``: every copy of it would be published.
-Such documents (stored under at most ``FEW_KEYS`` keys) get a row here, and every document is looked up here first,
-so its exact copies are caught whatever the keys. Rows are kept as ``hashed_runs`` keeps them; what a probe finds is
-a candidate, verified on its record like any other (collisions, removed entries). Indexes created before format 9
-have no contents.
+Such documents (stored under at most ``FEW_KEYS`` keys) get a row here, and a document that the tables leave
+without a match is looked up here, so their exact copies are caught whatever the keys. Rows are kept as
+``hashed_runs`` keeps them; what a probe finds is a candidate, verified on its record like any other (collisions,
+removed entries). Indexes created before format 9 have no contents.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ FEW_KEYS = 2
 growth benchmark's natural text): an exact copy shares with its original only the keys the original was stored
 under, and two keys are what a common phrase shares with many documents."""
 _CHUNK_ROWS = 64
-"""Rows of a run's chunk: what each probe that finds its hash reads."""
+"""Rows of a run's chunk as stored (a table's: the runs are read whole into memory)."""
 _SEED = np.uint64(0x243F6A8885A308D3)
 _MULTIPLIER_SEED = 0x13198A2E
 

@@ -125,12 +125,13 @@ def test_rows_read_back_every_row_in_order_and_replace_stores_exactly_the_rows_g
     env.close()
 
 
-def test_runs_merge_in_binary_tiers_and_read_back_every_row_in_key_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rows_in_memory", [False, True])
+def test_runs_merge_in_binary_tiers_and_read_back_every_row_in_key_order(tmp_path: Path, rows_in_memory: bool) -> None:
     # A brute-force list of rows as the oracle, through many small merges (as a table's turns bring them), a
-    # replace, and reads of present, absent and hot keys.
+    # replace, and reads of present, absent and hot keys; the runs read from LMDB or held in memory.
     rng = np.random.default_rng(21)
     env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 28)
-    table = SortedRuns(env.open_db(b"t"), 32, 4, 6)
+    table = SortedRuns(env.open_db(b"t"), 32, 4, 6, rows_in_memory=rows_in_memory)
     hot = rng.integers(0, 2**32, 5).astype(np.uint64)
     stored_keys, stored_values = np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     next_value = 0
@@ -188,11 +189,14 @@ def test_runs_take_about_eleven_bytes_a_row(tmp_path: Path) -> None:
     env.close()
 
 
-def test_a_run_written_by_an_aborted_transaction_is_not_taken_for_the_one_written_after_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rows_in_memory", [False, True])
+def test_a_run_written_by_an_aborted_transaction_is_not_taken_for_the_one_written_after_it(
+    tmp_path: Path, rows_in_memory: bool
+) -> None:
     # Two writers (two processes' table objects, each with its own copies of what it read): the first writes a
     # run and aborts, the second writes its own run under the same number and commits; the first reads the second's.
     env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 26)
-    first, second = (SortedRuns(env.open_db(b"t"), 32, 4, 6) for _ in range(2))
+    first, second = (SortedRuns(env.open_db(b"t"), 32, 4, 6, rows_in_memory=rows_in_memory) for _ in range(2))
     keys = np.arange(100, 1100, 10, dtype=np.uint64)
     with env.begin(write=True) as txn:
         first.insert(txn, keys, np.arange(len(keys), dtype=np.uint64))
