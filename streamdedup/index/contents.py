@@ -13,6 +13,7 @@ removed entries). Indexes created before format 9 have no contents.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 from .hashed_runs import HashedRuns
 from .store import META_UNSWEPT_CONTENTS, Store, mixed_in
 
-__all__ = ["FEW_KEYS", "Contents", "content_hashes", "content_index"]
+__all__ = ["FEW_KEYS", "Contents", "NoContents", "content_hashes", "content_index"]
 
 FEW_KEYS = 2
 """Documents stored under at most this many table keys get a content row (about one kept document in 17 of the
@@ -84,6 +85,25 @@ class Contents(HashedRuns):
             self.insert(txn, content_hashes(fps[few], payloads[few]), seqs[few])
 
 
-def content_index(store: Store) -> Contents | None:
-    """The contents of ``store``; None for an index created before format 9, which has none."""
-    return None if store.contents is None else Contents(store, store.contents)
+class NoContents:
+    """An index created before format 9: no content rows, so nothing is stored, removed or found by content."""
+
+    def find(self, txn: Any, fps: np.ndarray, payloads: np.ndarray) -> None:
+        """Nothing: exact copies are found through the tables alone."""
+
+    def add(self, txn: Any, fps: np.ndarray, payloads: np.ndarray, seqs: np.ndarray, keys_stored: np.ndarray) -> None:
+        """Nothing to store."""
+
+    def removed(self, txn: Any, count: int) -> None:
+        """No rows to sweep later."""
+
+    def restored(self, txn: Any, count: int) -> None:
+        """No rows to count."""
+
+    def sweep(self, txn: Any, live: Callable[[], np.ndarray]) -> None:
+        """No rows to sweep."""
+
+
+def content_index(store: Store) -> Contents | NoContents:
+    """The contents of ``store``, in the layout its format records (none before format 9)."""
+    return NoContents() if store.contents is None else Contents(store, store.contents)

@@ -111,8 +111,7 @@ class Expiry:
         for key in seq_keys:
             txn.delete(key, db=self.store.entries)
         self.lookup.ids.removed(txn, id_bytes, entries)
-        if self.lookup.contents is not None:
-            self.lookup.contents.removed(txn, n)
+        self.lookup.contents.removed(txn, n)
         for key in origin_keys(head[head["topic"] != NO_TOPIC]):
             txn.delete(key, db=self.store.origins)
         if self.fmt.entry_valued:
@@ -185,8 +184,7 @@ class Expiry:
     def sweep_hashed(self, txn: Any) -> None:
         """Sweep the rows of removed entries from the ids and the contents, each when due (see ``hashed_runs``)."""
         self.lookup.ids.sweep(txn, lambda: self._live(txn))
-        if self.lookup.contents is not None:
-            self.lookup.contents.sweep(txn, lambda: self._live(txn))
+        self.lookup.contents.sweep(txn, lambda: self._live(txn))
 
     def _live(self, txn: Any) -> np.ndarray:
         """The entry keys a sweep keeps rows of, ascending: the stored entries, and the removed ones a rollback may
@@ -319,8 +317,7 @@ class Expiry:
         with txn.cursor(self.store.entries) as cursor:
             cursor.putmulti(zip(seq_keys, self.fmt.records.encode(heads, id_bytes), strict=True))
         self.lookup.ids.restored(txn, id_bytes, seqs)
-        if self.lookup.contents is not None:
-            self.lookup.contents.restored(txn, len(seqs))
+        self.lookup.contents.restored(txn, len(seqs))
         with_origin = heads["topic"] != NO_TOPIC
         with txn.cursor(self.store.origins) as cursor:
             cursor.putmulti(zip(origin_keys(heads[with_origin]), compress(seq_keys, with_origin.tolist()), strict=True))

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .cached import Cached
-from .contents import Contents
+from .contents import Contents, NoContents
 from .ids import Ids
 from .keys import HeldRows, TableKeys, most_shared, packed, table_keys
 from .mirror import fetched_rows
@@ -84,7 +84,7 @@ class EntryRecords:
 class Lookup:
     """Search and records over one open store, through its copies in memory, and its entries by id."""
 
-    def __init__(self, store: Store, cached: Cached, ids: Ids, contents: Contents | None) -> None:
+    def __init__(self, store: Store, cached: Cached, ids: Ids, contents: Contents | NoContents) -> None:
         self.store = store
         self.cached = cached
         self.ids = ids

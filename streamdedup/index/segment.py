@@ -320,12 +320,9 @@ class SegmentIndex:
         """Entries that may hold exactly these fingerprints and payloads ((n, bytes) uint8), found by content:
         the row (ascending) and entry key of each, to be verified as candidates (some are removed, a few collide);
         None on an index without contents (created before format 9), whose exact copies only the tables find."""
-        contents = self._lookup.contents
-        if contents is None:
-            return None
         fps = self._lookup.checked(fps)
         with self._read() as txn:
-            return contents.find(txn, fps, payloads)
+            return self._lookup.contents.find(txn, fps, payloads)
 
     def times_and_payloads(self, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each of these entry keys (any order): whether it is still stored, its event time and its payload,

@@ -231,9 +231,8 @@ class Writes:
         if self.key_capacity is not None:
             # Counted before anything of this batch is staged or merged.
             stored_rows &= self._within_capacity(txn, batch_keys)
-        if self.lookup.contents is not None:
-            keys_stored = np.bincount(batch_keys.rows[stored_rows], minlength=n)
-            self.lookup.contents.add(txn, fps.reshape(n, self.fmt.words), head["payload"], seqs, keys_stored)
+        keys_stored = np.bincount(batch_keys.rows[stored_rows], minlength=n)
+        self.lookup.contents.add(txn, fps.reshape(n, self.fmt.words), head["payload"], seqs, keys_stored)
         self.cached.keys_added(txn, batch_keys.keys, id_keys)
         if not self.fmt.entry_valued:
             folds = batch_keys.folds
