@@ -63,7 +63,7 @@ def test_a_near_copy_is_explained_by_its_jaccard_against_the_threshold_and_the_s
     assert lines[3:7] == [
         "decision on b:        dropped (near duplicate of a)",
         "estimated jaccard:    0.857 (threshold 0.55, dedup.min_jaccard; bottom-64 MinHash sketches)",
-        "shared segments:      15 of 32, 2 needed (keyed: a 20, b 21; 20 or more keyed need 2)",
+        "shared segments:      15 of 32, 2 needed (keyed: a 20, b 21; 12 or more keyed need 2)",
         "hamming distance:     48 of 1024 bits (no index.radius: it decides nothing)",
     ]
 

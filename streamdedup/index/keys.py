@@ -14,6 +14,7 @@ from .plan import IndexPlan, fold, gather_bits, unpack_bits
 from .sorted_rows import run_starts
 
 __all__ = [
+    "FULL_RUN_LEADS",
     "LONE_SEGMENT_LIMIT",
     "HeldRows",
     "TableKeys",
@@ -25,11 +26,18 @@ __all__ = [
     "table_rows",
 ]
 
-LONE_SEGMENT_LIMIT = 20
+LONE_SEGMENT_LIMIT = 12
 """Under a candidate bound, a document keyed in at least this many segments verifies only candidates that
 share two or more of them. A copy at Jaccard 0.8 keeps each segment with a chance of about 0.8 ** 3 (a
 segment is its three features of least hash), so it keeps at most one of 20 about once in 70,000 copies;
 a candidate that shares one segment of 20 shares a common phrase."""
+
+
+FULL_RUN_LEADS = 4
+"""Earlier sides of a batch's run of one key as long as ``dedup.key_capacity`` (a template, boilerplate): its
+first rows. Its pairs would grow with the run's length times its earlier sides; the rows of such a run share a
+common phrase, and a near copy of one of them shares that one's own rarer keys, whose runs are short. The first rows
+are where a text made of nothing but common phrases finds its match."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +127,8 @@ class TableKeys:
         """All (earlier, later, distance) row pairs within the plan's radius that share a key in some table
         (the same guarantee as the stored tables), sorted by (earlier, later); only those whose earlier row is
         one of ``earlier_rows`` (a mask over the rows) when given. As the stored tables bound what a lookup
-        finds: only the first ``key_capacity`` rows of a key's run are earlier sides through it, and each later
+        finds: only the first ``key_capacity`` rows of a key's run are earlier sides through it (the first
+        :data:`FULL_RUN_LEADS` of a run at least that long), and each later
         row keeps its ``max_candidates`` earlier rows that share the most tables with it, and the first row of
         each of its keys' runs, of those :meth:`well_shared`. Only kept rows can match and the keys do not know
         which are kept: the first rows of the runs are those most likely kept, where a burst of near copies of
@@ -137,7 +146,8 @@ class TableKeys:
             later_count[~earlier_rows[rows]] = 0
         rank = run_ranks(np.flatnonzero(self.runs.ravel()), len(rows))
         if key_capacity is not None:
-            later_count[rank >= key_capacity] = 0
+            full = run_end - positions + rank >= key_capacity
+            later_count[rank >= np.where(full, min(FULL_RUN_LEADS, key_capacity), key_capacity)] = 0
         total = int(later_count.sum())
         if not total:
             return none

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamdedup.index import SegmentIndex, make_plan, table_keys
-from streamdedup.index.keys import LONE_SEGMENT_LIMIT, HeldRows, most_shared, packed
+from streamdedup.index.keys import FULL_RUN_LEADS, LONE_SEGMENT_LIMIT, HeldRows, most_shared, packed
 from streamdedup.index.plan import IndexPlan, make_segment_plan
 from tests.index.test_segment import _clustered
 
@@ -84,14 +84,14 @@ def test_pairs_are_the_rows_within_the_radius_that_share_a_key(name: str) -> Non
 
 
 @pytest.mark.parametrize("name", ["segments-512", "segments-1024"])
-@pytest.mark.parametrize(("capacity", "limit"), [(1, 1), (2, 5), (4, 3), (400, 2)])
+@pytest.mark.parametrize(("capacity", "limit"), [(1, 1), (2, 5), (4, 3), (8, 3), (400, 2)])
 def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(
     name: str, capacity: int, limit: int
 ) -> None:
     # Brute force: a row is an earlier side through a table when it is among the first `capacity` rows of its
-    # key there; each later row keeps the `limit` earlier rows sharing the most such tables, the latest first,
-    # and the first row of each of its keys; a row keyed in LONE_SEGMENT_LIMIT tables or more, only those
-    # sharing two tables or more.
+    # key there (the first FULL_RUN_LEADS of a key with `capacity` rows or more); each later row keeps the
+    # `limit` earlier rows sharing the most such tables, the latest first, and the first row of each of its keys;
+    # a row keyed in LONE_SEGMENT_LIMIT tables or more, only those sharing two tables or more.
     plan = PLANS[name]
     rng = np.random.default_rng(13)
     fps = _fingerprints(plan, 300, rng)
@@ -106,7 +106,7 @@ def test_capped_pairs_take_each_keys_first_rows_and_each_later_rows_most_shared(
     for table, table_keys_row in enumerate(unsorted_keys):
         for key in np.unique(table_keys_row[table_keys_row != 0]):
             members = np.flatnonzero(table_keys_row == key)
-            serves[table, members[:capacity]] = True
+            serves[table, members[: min(FULL_RUN_LEADS, capacity) if len(members) >= capacity else capacity]] = True
             heads.update((int(members[0]), int(later)) for later in members[1:])
     shared = ((unsorted_keys[:, :, None] == unsorted_keys[:, None, :]) & serves[:, :, None]).sum(axis=0)
     shared = np.triu(shared, k=1)
