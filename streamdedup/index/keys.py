@@ -29,8 +29,8 @@ __all__ = [
 LONE_SEGMENT_LIMIT = 12
 """Under a candidate bound, a document keyed in at least this many segments verifies only candidates that
 share two or more of them. A copy at Jaccard 0.8 keeps each segment with a chance of about 0.8 ** 3 (a
-segment is its three features of least hash), so it keeps at most one of 20 about once in 70,000 copies;
-a candidate that shares one segment of 20 shares a common phrase."""
+segment is its three features of least hash), so it keeps at most one of 12 about once in 400 copies, and at
+Jaccard 0.9 once in 190,000; a candidate that shares one segment of 12 shares a common phrase."""
 
 
 FULL_RUN_LEADS = 4
