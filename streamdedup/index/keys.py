@@ -128,11 +128,11 @@ class TableKeys:
         (the same guarantee as the stored tables), sorted by (earlier, later); only those whose earlier row is
         one of ``earlier_rows`` (a mask over the rows) when given. As the stored tables bound what a lookup
         finds: only the first ``key_capacity`` rows of a key's run are earlier sides through it (the first
-        :data:`FULL_RUN_LEADS` of a run at least that long), and each later
-        row keeps its ``max_candidates`` earlier rows that share the most tables with it, and the first row of
-        each of its keys' runs, of those :meth:`well_shared`. Only kept rows can match and the keys do not know
-        which are kept: the first rows of the runs are those most likely kept, where a burst of near copies of
-        one kept text would otherwise crowd it out of the most shared."""
+        :data:`FULL_RUN_LEADS` of a run at least that long), and each later row keeps its ``max_candidates``
+        earlier rows that share the most tables with it, and the first row of each of its keys' runs, of those
+        :meth:`well_shared`. Only kept rows can match and the keys do not know which are kept: the first rows of
+        the runs are those most likely kept, where a burst of near copies of one kept text would otherwise crowd
+        it out of the most shared."""
         n = len(self)
         none = np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
         rows = self.rows.ravel()
@@ -146,8 +146,9 @@ class TableKeys:
             later_count[~earlier_rows[rows]] = 0
         rank = run_ranks(np.flatnonzero(self.runs.ravel()), len(rows))
         if key_capacity is not None:
+            # Only a run as long as key_capacity reaches that rank: such a run leads from its first rows.
             full = run_end - positions + rank >= key_capacity
-            later_count[rank >= np.where(full, min(FULL_RUN_LEADS, key_capacity), key_capacity)] = 0
+            later_count[full & (rank >= min(FULL_RUN_LEADS, key_capacity))] = 0
         total = int(later_count.sum())
         if not total:
             return none
