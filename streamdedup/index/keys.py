@@ -16,6 +16,7 @@ from .sorted_rows import run_starts
 __all__ = [
     "FULL_RUN_LEADS",
     "LONE_SEGMENT_LIMIT",
+    "RARE_SEGMENT_LIMIT",
     "HeldRows",
     "TableKeys",
     "first_copies",
@@ -38,6 +39,14 @@ FULL_RUN_LEADS = 4
 first rows. Its pairs would grow with the run's length times its earlier sides; the rows of such a run share a
 common phrase, and a near copy of one of them shares that one's own rarer keys, whose runs are short. The first rows
 are where a text made of nothing but common phrases finds its match."""
+
+
+RARE_SEGMENT_LIMIT = 10
+"""Under a candidate bound, a document keyed in at least this many segments whose keys are not full (hold fewer
+than ``dedup.key_capacity`` rows) does not follow its full keys to their rows: those rows are the first documents
+of a common phrase, the same for every document that has it, and all a full key could lead to. Only a near copy
+of one of those first documents could be missed, and it shares the document's rarer segments as well: at
+Jaccard 0.8 it keeps none of 10 about once in 1,300 copies, at 0.9 once in 470,000."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,17 @@ class TableKeys:
         if not self.unkeyed_zero:
             return np.ones(len(rows), dtype=bool)
         return (shared >= 2) | (self.keyed()[rows] < LONE_SEGMENT_LIMIT)
+
+    def unfollowed(self, counts: np.ndarray, key_capacity: int) -> np.ndarray:
+        """Flat (T * n) mask of the positions whose key holds ``key_capacity`` rows of ``counts`` (a
+        :class:`HeldRows`' counts) in a row keyed in :data:`RARE_SEGMENT_LIMIT` segments or more that hold fewer."""
+        full = counts.ravel() >= key_capacity
+        rare = ~full
+        if self.unkeyed_zero:
+            rare &= self.keys.ravel() != 0
+        rows = self.rows.ravel()
+        rich = np.bincount(rows[rare], minlength=len(self)) >= RARE_SEGMENT_LIMIT
+        return full & rich[rows]
 
     def run_ends(self) -> np.ndarray:
         """(T, n) end (exclusive, within the table) of the run each position belongs to."""

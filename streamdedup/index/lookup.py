@@ -84,8 +84,11 @@ class EntryRecords:
 class Lookup:
     """Search and records over one open store, through its copies in memory, and its entries by id."""
 
-    def __init__(self, store: Store, cached: Cached, ids: Ids, contents: Contents | NoContents) -> None:
+    def __init__(
+        self, store: Store, cached: Cached, ids: Ids, contents: Contents | NoContents, key_capacity: int | None = None
+    ) -> None:
         self.store = store
+        self.key_capacity = key_capacity
         self.cached = cached
         self.ids = ids
         self.contents = contents
@@ -248,6 +251,9 @@ class Lookup:
         if self.fmt.entry_valued:
             # The rows name their entries, and no radius cuts: every candidate goes on to its record.
             near_at, named = np.concatenate([found_at, more_at]), np.concatenate([stored, stored[source]])
+            if held is not None and max_candidates is not None and self.key_capacity is not None:
+                followed = ~batch_keys.unfollowed(held.counts, self.key_capacity)[near_at]
+                near_at, named = near_at[followed], named[followed]
         else:
             # Candidates outside the radius go before anything else is built for them (or copied).
             values = batch_keys.values.ravel()

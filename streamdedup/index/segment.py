@@ -229,7 +229,7 @@ class SegmentIndex:
         if store.missing():
             raise PlanError(f"{self.path}: index databases missing; is it a streamdedup index?")
         self._cached = cached = Cached(store, self.path, readonly=self.readonly, mirror_bytes=self._mirror_bytes)
-        self._lookup = lookup = Lookup(store, cached, id_index(store), content_index(store))
+        self._lookup = lookup = Lookup(store, cached, id_index(store), content_index(store), self.key_capacity)
         staging = Staging(store, cached)
         self._undo = undo = UndoRecords(store)
         self._expiry = expiry = Expiry(store, cached, lookup, staging, undo)

@@ -1082,9 +1082,11 @@ def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifi
     # Brute force over the stream: an entry is posted under a key while fewer than `capacity` earlier entries
     # are; a query's candidates are the posted entries sharing a key with it, those sharing the most tables
     # first, the newest among equals, at most `limit`; for a query keyed in LONE_SEGMENT_LIMIT tables or more,
-    # only those sharing two tables or more. A batch's keys may come with the rows each holds, as a lookup
-    # counted them just before (a decision's way) or before another batch was stored (then counted again).
-    from streamdedup.index.keys import LONE_SEGMENT_LIMIT, table_keys
+    # only those sharing two tables or more; for a query keyed in RARE_SEGMENT_LIMIT tables or more whose keys
+    # are not full (posted fewer than `capacity` times), its full keys count for nothing. A batch's keys may come
+    # with the rows each holds, as a lookup counted them just before (a decision's way) or before another batch
+    # was stored (then counted again).
+    from streamdedup.index.keys import LONE_SEGMENT_LIMIT, RARE_SEGMENT_LIMIT, table_keys
     from streamdedup.index.plan import make_segment_plan
 
     rng = np.random.default_rng(seed)
@@ -1120,8 +1122,12 @@ def test_a_key_leads_to_its_first_entries_up_to_its_capacity_and_a_lookup_verifi
             queries = np.concatenate([stored[rng.integers(0, len(stored), 30)], _hot_stream(rng, 30, segments, size)])
             found = index.search(queries, max_candidates=limit)
         qs = _segments(queries, size)
-        shared = ((qs[:, None, :] == seg[None, :, :]) & (qs[:, None, :] != 0) & posted[None, :, :]).sum(axis=2)
+        both = (qs[:, None, :] == seg[None, :, :]) & (qs[:, None, :] != 0) & posted[None, :, :]
         keyed = (qs != 0).sum(axis=1)
+        full = both.sum(axis=1) >= capacity
+        rare = ((qs != 0) & ~full).sum(axis=1)
+        followed = np.where((rare >= RARE_SEGMENT_LIMIT)[:, None], ~full, True)
+        shared = (both & followed[:, None, :]).sum(axis=2)
         for row in range(len(queries)):
             sharing = np.flatnonzero(shared[row])
             expected = sorted(sharing.tolist(), key=lambda entry: (-shared[row, entry], -entry))[:limit]
