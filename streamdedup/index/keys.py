@@ -84,12 +84,17 @@ class TableKeys:
         """Segment plans leave an all-zero segment unkeyed: it stands for "too few features", not a value."""
         return self.plan.kind == "segments"
 
+    def keyed_positions(self) -> np.ndarray:
+        """(T, n): whether each position's key is one (a segment plan leaves a segment of too few features
+        unkeyed)."""
+        return self.keys != 0 if self.unkeyed_zero else np.ones(self.keys.shape, dtype=bool)
+
     def keyed(self) -> np.ndarray:
-        """How many tables key each row (a segment plan leaves a segment of too few features unkeyed)."""
+        """How many tables key each row."""
         tables, n = self.keys.shape
         if not self.unkeyed_zero:
             return np.full(n, tables, dtype=np.int64)
-        return np.bincount(self.rows.ravel()[self.keys.ravel() != 0], minlength=n)
+        return np.bincount(self.rows[self.keyed_positions()], minlength=n)
 
     def well_shared(self, rows: np.ndarray, shared: np.ndarray) -> np.ndarray:
         """Which candidates of ``rows`` that share ``shared`` tables with them are worth verifying (see
@@ -102,9 +107,7 @@ class TableKeys:
         """Flat (T * n) mask of the positions whose key holds ``key_capacity`` rows of ``counts`` (a
         :class:`HeldRows`' counts) in a row keyed in :data:`RARE_SEGMENT_LIMIT` segments or more that hold fewer."""
         full = counts.ravel() >= key_capacity
-        rare = ~full
-        if self.unkeyed_zero:
-            rare &= self.keys.ravel() != 0
+        rare = self.keyed_positions().ravel() & ~full
         rows = self.rows.ravel()
         rich = np.bincount(rows[rare], minlength=len(self)) >= RARE_SEGMENT_LIMIT
         return full & rich[rows]
@@ -160,8 +163,7 @@ class TableKeys:
         # Each position pairs with every later position of its (table, key) run.
         run_end = self.run_ends().ravel() + np.repeat(np.arange(len(self.keys)) * n, n)
         later_count = run_end - positions - 1
-        if self.unkeyed_zero:
-            later_count[self.keys.ravel() == 0] = 0
+        later_count[~self.keyed_positions().ravel()] = 0
         if earlier_rows is not None:
             later_count[~earlier_rows[rows]] = 0
         rank = run_ranks(np.flatnonzero(self.runs.ravel()), len(rows))

@@ -205,7 +205,7 @@ class Lookup:
         radius = self.fmt.plan.radius
         batch_keys = self.table_keys(fps, keys)
         tables = len(self.store.tables)
-        probes = batch_keys.runs & (batch_keys.keys != 0) if batch_keys.unkeyed_zero else batch_keys.runs
+        probes = batch_keys.runs & batch_keys.keyed_positions()
         # Every table's probes as flat (table, position) indices, table after table: the work around the reads
         # runs once over all tables, where a loop per table pays numpy's call overhead 32 times.
         flat = np.flatnonzero(probes.ravel())

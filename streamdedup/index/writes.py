@@ -227,7 +227,7 @@ class Writes:
             cursor.putmulti(zip(seq_keys, self.fmt.records.encode(head, batch.id_bytes), strict=True), append=True)
         self.lookup.ids.add(txn, batch.id_bytes, seqs)
         batch_keys = batch.keys
-        stored_rows = batch_keys.keys != 0 if batch_keys.unkeyed_zero else np.ones(batch_keys.keys.shape, dtype=bool)
+        stored_rows = batch_keys.keyed_positions()
         if self.key_capacity is not None:
             # Counted before anything of this batch is staged or merged.
             stored_rows &= self._within_capacity(txn, batch_keys)
