@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -777,6 +777,51 @@ async def test_a_new_group_id_resumes_where_the_index_is_and_publishes_nothing_a
     with open_index(second, tmp_path / "index") as index:
         assert index.source_offsets() == {(topics.input, 0): len(stream) + 1}
         assert index.usage()["entries"] == published + 1
+
+
+async def test_a_first_batch_decided_but_never_committed_to_kafka_is_published_after_a_restart(
+    kafka_bootstrap: str, topics: Topics, kafka_produce: Any, kafka_consume: Any, tmp_path: Path
+) -> None:
+    # An instance killed between its index's commit and its group's first Kafka transaction leaves an index ahead
+    # of a group without offsets: what a new group id looks like too. The service commits where it resumes
+    # before deciding anything, so Kafka has an offset from the start and the batch is rolled back.
+    settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index"))
+
+    async def committed() -> int | None:
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=settings.kafka.group_id)
+        await consumer.start()
+        try:
+            return await consumer.committed(TopicPartition(topics.input, 0))
+        finally:
+            await consumer.stop()
+
+    async with DedupService(settings):
+        await wait_for(lambda: _is(committed(), 0), 60, "the resume offset to be committed")
+    stream = synthetic_stream(40, seed=17)
+    await kafka_produce(topics.input, stream)
+    decoder = DocumentDecoder(settings.input)
+    decoded = [
+        decoder.decode(record.value, default_id=f"{topics.input}-0-{offset}", timestamp=record.timestamp_ms / 1000)
+        for offset, record in enumerate(stream)
+    ]
+    documents = [
+        Document(item.id, item.text, item.time, (topics.input, 0, offset))
+        for offset, item in enumerate(decoded)
+        if isinstance(item, Document)
+    ]
+    with open_index(settings, tmp_path / "index") as index:
+        Deduplicator(settings, index).decide(documents, source_offsets={(topics.input, 0): len(stream)})
+
+    async with DedupService(settings) as service:
+        await wait_for(lambda: _consumed(service, len(stream)), 60, "the batch to be decided again")
+    expected = offline_novel(settings, tmp_path / "offline", stream, topics.input, batch=100)
+    assert len(expected) > 20
+    assert_same_output(await kafka_consume(topics.output, timeout=60), expected)
+    assert await committed() == len(stream)
+
+
+async def _is(value: Awaitable[object], expected: object) -> bool:
+    return await value == expected
 
 
 async def test_an_upstream_redelivery_under_the_same_id_is_dropped_across_batches(

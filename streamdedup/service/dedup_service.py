@@ -260,7 +260,7 @@ class DedupService(Lifecycle):
                         # find out now whether it was replaced, not at a batch it may never get.
                         if consumer.subscribed_partitions():
                             await producer.check_not_fenced()
-                        await self._reconciler.reconcile(consumer)
+                        await self._reconciler.reconcile(consumer, producer)
             finally:
                 self._ownership.disconnect()
 
@@ -286,7 +286,7 @@ class DedupService(Lifecycle):
                                 if not consumer.assignment():
                                     break  # the sequence partition moved: stand by again
                                 await producer.check_not_fenced()
-                                await self._reconciler.reconcile(consumer)
+                                await self._reconciler.reconcile(consumer, producer)
                     finally:
                         self._claim.deciding = False
                         self.metrics.record_roles(deciding=False)

@@ -2,7 +2,9 @@
 
 LMDB commits first, so the index is never behind Kafka; when Kafka did not commit (crash, outage), the index is
 rolled back to the committed offsets and the batches are fetched and decided again with the same verdicts. An
-index behind Kafka (lost, replaced, new) replays what it lacks, publishing nothing.
+index behind Kafka (lost, replaced, new) replays what it lacks, publishing nothing. Where Kafka has no offset,
+the partition resumes where the index is, and that offset is committed before anything is decided: from then
+on Kafka has one, so a batch the index holds but Kafka never committed is always rolled back.
 
 One instance must own every input partition (the index is local to it). A partial assignment means another
 instance joined the group: the service says so loudly and processes nothing until it owns everything again.
@@ -17,6 +19,7 @@ from aiokafka import TopicPartition
 
 from ..decision_process import DecisionProcess
 from ..kafka.consumer import BatchConsumer
+from ..kafka.producer import TransactionalProducer
 from ..lifecycle import StopRequest
 from ..metrics import ServiceMetrics
 from ..settings import Settings
@@ -60,7 +63,7 @@ class Reconciler:
         async with self._pipeline.batch_lock:
             self._ownership.assign(assigned)
 
-    async def reconcile(self, consumer: BatchConsumer) -> None:
+    async def reconcile(self, consumer: BatchConsumer, producer: TransactionalProducer) -> None:
         """Check that this instance owns every input partition; roll the index back to Kafka's offsets. A
         rebalance meanwhile (the listener moves the ownership on) leaves the rest to the next reconciliation."""
         self._ownership.reconcile()
@@ -91,7 +94,7 @@ class Reconciler:
             partition: origins.kafka_offset(offset)
             for partition, offset in (await self._decisions.source_offsets()).items()
         }
-        committed = await self._committed(consumer, assigned, stored)
+        committed, uncommitted = await self._committed(consumer, assigned, stored)
         # LMDB commits before Kafka, so the index is at or ahead of Kafka; behind means it lost data.
         behind = {
             tp: stored.get((tp.topic, tp.partition), 0)
@@ -103,6 +106,10 @@ class Reconciler:
         removed = await self._decisions.rollback(
             {(tp.topic, tp.partition): origins.index_offset(offset) for tp, offset in committed.items()}
         )
+        if uncommitted:
+            # Without this, a batch decided into the index and never committed to Kafka (the instance died in
+            # between) would look like the index's own progress at the next start, and never be published.
+            await producer.publish([], {tp: committed[tp] for tp in uncommitted}, self._settings.kafka.group_id)
         if self._ownership.state is not Ownership.RECONCILING or consumer.assignment() != assigned:
             return  # rebalanced meanwhile: reconciled again for the new assignment
         consumer.seek(committed)
@@ -116,10 +123,11 @@ class Reconciler:
 
     async def _committed(
         self, consumer: BatchConsumer, assigned: frozenset[TopicPartition], stored: Mapping[tuple[str, int], int]
-    ) -> dict[TopicPartition, int]:
-        """Where each partition resumes: Kafka's committed offset; without one (a new group id, a group deleted
-        or its offsets expired) the index's own offset, so that nothing it holds is rolled back and published
-        again; the earliest offset for a partition neither knows."""
+    ) -> tuple[dict[TopicPartition, int], list[TopicPartition]]:
+        """Where each partition resumes, and the partitions Kafka has no offset of. Kafka's committed offset;
+        without one (a new group id, a group deleted or its offsets expired) the index's own offset, so that
+        nothing it holds is rolled back and published again; the earliest offset for a partition neither
+        knows."""
         committed = await consumer.committed(assigned)
         lost = sorted(tp for tp, offset in committed.items() if offset is None)
         known = {tp: stored[(tp.topic, tp.partition)] for tp in lost if (tp.topic, tp.partition) in stored}
@@ -131,9 +139,10 @@ class Reconciler:
             )
         unknown = [tp for tp in lost if tp not in known]
         earliest = await consumer.beginning_offsets(unknown) if unknown else {}
-        return {
+        resumed = {
             tp: offset if offset is not None else known.get(tp, earliest.get(tp, 0)) for tp, offset in committed.items()
         }
+        return resumed, lost
 
     async def _replay(
         self, consumer: BatchConsumer, behind: Mapping[TopicPartition, int], committed: Mapping[TopicPartition, int]
