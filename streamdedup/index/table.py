@@ -438,7 +438,7 @@ class SortedRuns(_Table):
         """Append a run of these rows (keys ascending); its catalog record."""
         # Chunks start at a key's first row, so that a key's rows are in one chunk.
         starts = np.unique(np.searchsorted(keys, keys[:: self.chunk_rows], side="left"))
-        packed = np.hstack([int_rows(keys, self.key_bytes), int_rows(values, self.value_bytes)]).tobytes()
+        packed = np.hstack([int_rows(keys, self.key_bytes), int_rows(values, self.value_bytes)])
         row_bytes = self.key_bytes + self.value_bytes
         bounds = (np.append(starts, len(keys)) * row_bytes).tolist()
         directory = keys[starts].astype(_DIRECTORY_KEY)
@@ -446,8 +446,11 @@ class SortedRuns(_Table):
         present = np.zeros(filter_slots, dtype=bool)
         present[_filter_slots(keys, filter_slots)] = True
         bitmap = np.packbits(present, bitorder="little")
-        chunks = (packed[low:high] for low, high in pairwise(bounds))
-        parts = list(zip(_chunk_keys(run, range(len(starts))), chunks, strict=True))
+        view = packed.data.cast("B")  # chunks as views of the rows: LMDB's put is their one copy
+        chunks = (view[low:high] for low, high in pairwise(bounds))
+        parts: list[tuple[bytes, bytes | memoryview]] = list(
+            zip(_chunk_keys(run, range(len(starts))), chunks, strict=True)
+        )
         parts.append((_part_key(run, _DIRECTORY_PART), directory.tobytes()))
         parts.append((_part_key(run, _FILTER_PART), bitmap.tobytes()))
         with txn.cursor(self.db) as cursor:
@@ -461,8 +464,13 @@ class SortedRuns(_Table):
         return np.array([(run, stamp, len(keys), len(starts), filter_slots)], dtype=_RUN)[0]
 
     def _drop_run(self, txn: Any, run: np.void) -> None:
-        for part in [*range(int(run["chunks"])), _DIRECTORY_PART, _FILTER_PART]:
-            txn.delete(_part_key(int(run["run"]), part), db=self.db)
+        """Delete the run's chunks, directory and bitmap: every key that starts with its number, in one pass of a
+        cursor, which steps to the next key as it deletes."""
+        prefix = int(run["run"]).to_bytes(4, "big")
+        with txn.cursor(self.db) as cursor:
+            if cursor.set_range(prefix):
+                while cursor.key()[:4] == prefix:
+                    cursor.delete()
 
     def _run_rows(self, txn: Any, run: np.void) -> tuple[np.ndarray, np.ndarray]:
         with txn.cursor(self.db) as cursor:
