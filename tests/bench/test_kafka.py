@@ -104,13 +104,18 @@ def test_natural_text_through_the_service_reports_each_window(
     options = ["--natural", "3000", "--window", "1000", "--corpus", str(corpus), "--bootstrap", kafka_bootstrap]
     assert main(options, Settings()) == 0
     out = capsys.readouterr().out
-    windows = re.findall(r"^window +(\d+): +([\d,]+) msg/s, +([\d,]+) consumed$", out, re.MULTILINE)
-    assert [int(number) for number, _, _ in windows] == list(range(1, len(windows) + 1))
-    consumed = [int(count.replace(",", "")) for _, _, count in windows]
+    windows = re.findall(
+        r"^window +(\d+): +([\d,]+) msg/s, +([\d,]+) consumed, +([\d.]+) us/doc deciding$", out, re.MULTILINE
+    )
+    assert [int(number) for number, _, _, _ in windows] == list(range(1, len(windows) + 1))
+    consumed = [int(count.replace(",", "")) for _, _, count, _ in windows]
     # Each window ends once 1,000 more are consumed (a batch may overshoot it), the last at the end.
     assert consumed[-1] == 3000 and all(later - earlier >= 1000 for earlier, later in itertools.pairwise(consumed))
-    rates = [float(rate.replace(",", "")) for _, rate, _ in windows]
+    rates = [float(rate.replace(",", "")) for _, rate, _, _ in windows]
     assert all(rate > 0 for rate in rates)
+    # The decision process's own time per record: more than nothing, less than the whole window's time.
+    deciding = [float(us) for _, _, _, us in windows]
+    assert all(0 < us < 1e6 / rate for us, rate in zip(deciding, rates, strict=True))
     ratio = re.search(r"^last window / first window msg/s: ([\d.]+)$", out, re.MULTILINE)
     assert ratio and float(ratio[1]) == pytest.approx(rates[-1] / rates[0], rel=0.01, abs=0.01)
     leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
