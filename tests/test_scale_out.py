@@ -124,12 +124,22 @@ class Deployment:
         await produce_records(self.bootstrap, self.topics.input, records)
 
     async def settled(self, total: int, timeout: float = 180) -> None:
-        """Wait until ``total`` records came out (output, duplicates, dead letters) and a little longer."""
+        """Wait until ``total`` records came out (output, duplicates, dead letters) and a little longer; if they do
+        not, say which records the sequence topic holds that did not come out."""
 
         async def out() -> bool:
             return sum(map(len, await self.results())) >= total
 
-        await wait_for(out, timeout, f"{total} records out")
+        try:
+            await wait_for(out, timeout, f"{total} records out")
+        except AssertionError as exc:
+            output, duplicates, dead = await self.results()
+            sequenced = _ids(Origins(sequenced=True).carried(await self._sequenced()).records)
+            missing = sorted(set(sequenced) - set(_ids(output) + _ids(duplicates)))
+            raise AssertionError(
+                f"{exc}: {len(output)} published, {len(duplicates)} duplicates, {len(dead)} dead letters; "
+                f"{len(sequenced)} sequenced, of which {len(missing)} did not come out: {missing[:10]}"
+            ) from None
         await asyncio.sleep(2)
 
     async def single_core(self) -> tuple[list[str], list[str]]:
