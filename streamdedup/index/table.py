@@ -1,15 +1,17 @@
 """One index table: (key, value) rows of unsigned integers, each a fixed number of big-endian bytes, in one LMDB
 database, laid out one of three ways (the index stores which):
 
-- ``runs`` (:class:`SortedRuns`): immutable runs of rows sorted by key, packed end to end in chunks of about
-  64 rows, each chunk one LMDB value. A merge writes its rows as a new run with LMDB's append mode, which fills
-  every page, and runs merge into one as they grow (binary tiers: a run that holds at least half the rows of the
-  one before it merges with it), so a row is rewritten about log2(table / merge) times and a table holds about
-  as many runs. A B-tree merge (``rows``) instead inserts its rows at random places: once a table has more pages
-  than a merge has rows, every row dirties a page of its own, which the commit writes out again. Each run keeps
-  the first key of each chunk (which chunk a probe reads) and a bitmap of its keys at 8 bits a row (which runs a
-  probe skips: about one in nine of those without the key passes), both stored with the run and kept in memory
-  once read. Entry-valued tables use it from format 6 on: about 12 bytes a row, against 31 in ``rows``.
+- ``runs`` (:class:`SortedRuns`): immutable runs of rows sorted by key, packed end to end in chunks of about 64
+  rows, each chunk one LMDB value. A merge writes its rows as a new run with LMDB's append mode, which fills every
+  page, and runs merge into one as they grow (binary tiers: a run that holds at least half the rows of the one
+  before it merges with it), so a row is rewritten about log2(table / merge) times and a table holds about as many
+  runs. A merge that would merge every run into one waits for a turn that may rewrite the table (``merge_due``):
+  the writer spreads those turns (``writes.REWRITE_ROUNDS``). A B-tree merge (``rows``) instead inserts its rows at
+  random places: once a table has more pages than a merge has rows, every row dirties a page of its own, which the
+  commit writes out again. Each run keeps the first key of each chunk (which chunk a probe reads) and a bitmap of
+  its keys at 8 bits a row (which runs a probe skips: about one in nine of those without the key passes), both
+  stored with the run and kept in memory once read. Entry-valued tables use it from format 6 on: about 12 bytes a
+  row, against 31 in ``rows``.
 - ``rows`` (:class:`DuplicateRows`): ``dupsort`` + ``dupfixed``, one LMDB row per table row, each bucket read as
   one packed array by ``getmulti``. A key with one row is a plain node, so this suited tables whose keys hold
   about one row each: the entry-valued tables of every index written before format 6.
@@ -161,7 +163,7 @@ class DuplicateRows(_Table):
 
     flags: ClassVar[dict[str, bool]] = {"dupsort": True, "dupfixed": True}
 
-    def merge_due(self, txn: Any, rows: int) -> bool:
+    def merge_due(self, txn: Any, rows: int, *, may_rewrite: bool = True) -> bool:
         """Whether a merge of this many staged rows is due at the table's turn: always, as a row costs the same
         in any merge."""
         return True
@@ -214,7 +216,7 @@ class PackedBuckets(_Table):
 
     flags: ClassVar[dict[str, bool]] = {}
 
-    def merge_due(self, txn: Any, rows: int) -> bool:
+    def merge_due(self, txn: Any, rows: int, *, may_rewrite: bool = True) -> bool:
         """Whether a merge of this many staged rows is due at the table's turn. A merge pays a read and a write
         per bucket it extends, or rewrites the table, so it waits for four rows per bucket stored, or per key the
         table can hold, up to 2**18 rows (a table of longer keys holds few rows per bucket anyway)."""
@@ -334,9 +336,20 @@ class SortedRuns(_Table):
         self._filters: dict[tuple[int, int], np.ndarray] = {}
         self._rows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] | None = {} if rows_in_memory else None
 
-    def merge_due(self, txn: Any, rows: int) -> bool:
-        """Whether a merge of this many staged rows is due at the table's turn: always, as a merge only appends."""
-        return True
+    def merge_due(self, txn: Any, rows: int, *, may_rewrite: bool = True) -> bool:
+        """Whether a merge of this many staged rows is due at the table's turn: always, as a merge only appends,
+        but for one that would merge every run into one at a turn that ``may_rewrite`` not. An index's tables
+        grow alike and would rewrite themselves whole within the same round of turns: waiting for turns of their
+        own spreads that work over several rounds."""
+        if may_rewrite:
+            return True
+        runs = self._catalog(txn)[1]["rows"].tolist()
+        merged = rows
+        for older in reversed(runs):
+            if 2 * merged < older:
+                return True  # the merge stops short of the oldest run
+            merged += older
+        return not runs
 
     def row_count(self, txn: Any) -> int:
         return int(self._catalog(txn)[1]["rows"].sum())

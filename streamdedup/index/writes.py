@@ -34,8 +34,11 @@ from .store import (
 )
 from .undo import Undo, UndoRecords
 
-__all__ = ["CLOCK_WINDOW", "Batch", "Writes"]
+__all__ = ["CLOCK_WINDOW", "REWRITE_ROUNDS", "Batch", "Writes"]
 
+REWRITE_ROUNDS = 4
+"""A table merges every run into one only in every fourth round of merge turns (which of the four by its number),
+its rows staged meanwhile: the tables, grown alike, would otherwise all do it within the same round."""
 CLOCK_WINDOW = 1001
 """Entries whose median event time is the clock expiry runs by: a few entries stamped far ahead (a producer's
 clock years off) move it nowhere, where the newest time would expire everything stored before them."""
@@ -241,18 +244,21 @@ class Writes:
             with txn.cursor(self.store.folds) as cursor:
                 cursor.putmulti(zip(seq_bytes(folds[order]), seq_bytes(seqs[order]), strict=True))
         # Rows are staged; one table in turn takes its staged rows and this batch's (see the module docstring).
-        merged = self.store.counter(txn, META_NEXT_MERGE) % len(self.store.tables)
+        turn = self.store.counter(txn, META_NEXT_MERGE)
+        turn_round, merged = divmod(turn, len(self.store.tables))
         for table in range(len(self.store.tables)):
             wanted = stored_rows[table]
             keys = batch_keys.keys[table][wanted]
             values = (seqs[batch_keys.rows[table]] if self.fmt.entry_valued else batch_keys.values[table])[wanted]
             if table == merged and self.store.tables[table].merge_due(
-                txn, len(self.cached.staged(txn)[table]) + len(keys)
+                txn,
+                len(self.cached.staged(txn)[table]) + len(keys),
+                may_rewrite=self._may_rewrite(txn, turn_round, table),
             ):
                 self._merge(txn, table, keys, values)
             else:
                 self.staging.stage(txn, table, first_seq, keys, values)
-        self.store.put_counter(txn, META_NEXT_MERGE, merged + 1)
+        self.store.put_counter(txn, META_NEXT_MERGE, turn + 1)
         # One row per (time bucket, batch): the batch's entry keys in that bucket as (start, stop) runs.
         buckets = time_buckets(times, self.fmt.time_bucket)
         order = np.argsort(buckets, kind="stable")
@@ -267,6 +273,13 @@ class Writes:
             txn.put(key, np.stack([starts, stops], axis=1).astype(U64).tobytes(), db=self.store.times)
         self.store.put_counter(txn, META_NEXT_SEQ, first_seq + n)
         self.store.put_counter(txn, META_COUNT, self.store.counter(txn, META_COUNT) + n)
+
+    def _may_rewrite(self, txn: Any, turn_round: int, table: int) -> bool:
+        """Whether the table's turn in this round may merge all its runs into one: in its own round of
+        ``REWRITE_ROUNDS``, or when a sweep is due, which writes the table again anyway."""
+        if turn_round % REWRITE_ROUNDS == table % REWRITE_ROUNDS:
+            return True
+        return self.fmt.entry_valued and self.expiry.sweep_due(txn, table)
 
     def _merge(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Put a table's staged rows and a batch's rows of it into the table, in key order."""

@@ -29,7 +29,7 @@ from streamdedup.index import (
 from streamdedup.index.format import ENTRY_KEY_BYTES, FORMAT_VERSION
 from streamdedup.index.keys import HeldRows, TableKeys
 from streamdedup.index.plan import make_segment_plan
-from streamdedup.index.writes import CLOCK_WINDOW
+from streamdedup.index.writes import CLOCK_WINDOW, REWRITE_ROUNDS
 from tests.index import crash_writer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -637,6 +637,34 @@ def test_segment_plan_finds_exactly_the_entries_sharing_a_keyed_segment(
     assert plan.recall(0) == 1.0 and plan.recall(segments - 1) == 1.0 and 0 < plan.recall(bits // 2) < 1
 
 
+def test_a_table_rewrites_all_its_runs_only_in_its_own_rounds_of_merge_turns(tmp_path: Path) -> None:
+    # Tables that grow alike reach a whole rewrite (every run merged into one) at the same turn count: each waits
+    # for a round of its own, one in REWRITE_ROUNDS, so that their rewrites do not all land in one round.
+    plan = make_segment_plan(256, 16)
+    tables = len(plan.tables)
+    rng = np.random.default_rng(8)
+    rewrites = []
+    with SegmentIndex(tmp_path / "seg", 256, 256, plan=plan) as index:
+        store = index._store
+
+        def oldest_runs() -> list[int | None]:
+            with index.env.begin() as txn:
+                return [
+                    int(runs["run"][0]) if len(runs) else None for runs in (t._catalog(txn)[1] for t in store.tables)
+                ]
+
+        for turn in range(12 * tables):
+            before = oldest_runs()
+            index.add([f"t{turn}-{i}" for i in range(10)], _random(10, 4, rng))
+            after = oldest_runs()
+            changed = [t for t in range(tables) if before[t] is not None and after[t] != before[t]]
+            # Only the table whose turn it was merges, and its oldest run changes only in a whole rewrite.
+            assert changed in ([], [turn % tables])
+            rewrites += [(turn // tables, table) for table in changed]
+    assert len(rewrites) >= 2 * tables // REWRITE_ROUNDS
+    assert all(turn_round % REWRITE_ROUNDS == table % REWRITE_ROUNDS for turn_round, table in rewrites)
+
+
 def test_a_lookup_reaching_lmdb_that_matches_no_merged_and_no_staged_row_finds_nothing(tmp_path: Path) -> None:
     # Found by the kill -9 test: after a rollback the writer's key filter keeps the removed rows' bits, so a
     # probe can reach the tables and match nothing, merged or staged. A reader has no key filter: every probe
@@ -918,7 +946,8 @@ def test_the_writers_copy_of_the_merged_tables_answers_as_lmdb_does(tmp_path: Pa
     rng = np.random.default_rng(21)
     bits, segments = 256, 8
     plan = make_segment_plan(bits, segments)
-    batches = _near_stream(rng, 24, 40, bits)
+    # Five rounds of merge turns: every table has its own round of whole rewrites in them (REWRITE_ROUNDS).
+    batches = _near_stream(rng, 40, 40, bits)
     with (
         SegmentIndex(tmp_path / "mirrored", bits, bits, plan=plan, mirror_bytes=mirror_bytes) as mirrored,
         SegmentIndex(tmp_path / "lmdb", bits, bits, plan=plan, mirror_bytes=0) as plain,
@@ -1048,10 +1077,12 @@ def test_the_writers_copy_is_not_used_after_another_process_writes_or_a_batch_fa
         def unstage_fails(*_: object) -> None:
             raise RuntimeError("the batch fails after its rows were merged")
 
-        monkeypatch.setattr(index._writes.staging, "unstage", unstage_fails)
-        with pytest.raises(RuntimeError, match="after its rows were merged"):
-            index.add([f"failed-{i}" for i in range(10)], failed)
-        monkeypatch.undo()
+        # Both batches merge at their turn, whatever the round (REWRITE_ROUNDS): the first one's merge fails.
+        monkeypatch.setattr(index._writes, "_may_rewrite", lambda *_: True)
+        with pytest.MonkeyPatch.context() as failing:
+            failing.setattr(index._writes.staging, "unstage", unstage_fails)
+            with pytest.raises(RuntimeError, match="after its rows were merged"):
+                index.add([f"failed-{i}" for i in range(10)], failed)
         index.add([f"next-{i}" for i in range(10)], next_batch)
         assert index.query(failed) == [[]] * 10
         assert index.query(next_batch) == [[(f"next-{i}", 0)] for i in range(10)]

@@ -172,6 +172,28 @@ def test_runs_merge_in_binary_tiers_and_read_back_every_row_in_key_order(tmp_pat
     env.close()
 
 
+def test_a_turn_that_may_not_rewrite_postpones_exactly_the_merges_that_would_leave_one_run(tmp_path: Path) -> None:
+    # merge_due(may_rewrite=False) foretells the binary tiers: not due exactly when inserting the rows would merge
+    # every run into one; any other merge (or a table's first run) is due at any turn.
+    rng = np.random.default_rng(3)
+    env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 28)
+    table = SortedRuns(env.open_db(b"t"), 32, 4, 6)
+    outcomes = []
+    for _ in range(80):
+        size = int(rng.integers(1, 300))
+        keys = np.sort(rng.integers(0, 2**32, size).astype(np.uint64))
+        with env.begin(write=True) as txn:
+            had = len(table._catalog(txn)[1])
+            due = table.merge_due(txn, size, may_rewrite=False)
+            assert table.merge_due(txn, size, may_rewrite=True)
+            table.insert(txn, keys, np.arange(size, dtype=np.uint64))
+            whole = had > 0 and len(table._catalog(txn)[1]) == 1
+        assert due == (not whole)
+        outcomes.append(due)
+    assert 5 < outcomes.count(False) < 75
+    env.close()
+
+
 def test_runs_take_about_eleven_bytes_a_row(tmp_path: Path) -> None:
     # What the runs layout is for: a table of 4-byte keys and 6-byte entry keys, merged batch after batch.
     rng = np.random.default_rng(22)
