@@ -10,7 +10,7 @@ import pytest
 
 from streamdedup.bench.kafka import main
 from streamdedup.kafka.admin import admin_client
-from streamdedup.settings import Settings
+from streamdedup.settings import Settings, load_settings
 from tests.bench.test_growth import _small_corpus
 
 
@@ -102,20 +102,23 @@ def test_natural_text_through_the_service_reports_each_window(
     _small_corpus(corpus, 3_000)
     before = asyncio.run(_topics(kafka_bootstrap))
     options = ["--natural", "3000", "--window", "1000", "--corpus", str(corpus), "--bootstrap", kafka_bootstrap]
-    assert main(options, Settings()) == 0
+    # Ten batches a window: more than the service decides ahead of its commits, so each window decides some.
+    assert main(options, load_settings(None, kafka={"batch_max_records": 100})) == 0
     out = capsys.readouterr().out
     windows = re.findall(
         r"^window +(\d+): +([\d,]+) msg/s, +([\d,]+) consumed, +([\d.]+) us/doc deciding$", out, re.MULTILINE
     )
     assert [int(number) for number, _, _, _ in windows] == list(range(1, len(windows) + 1))
     consumed = [int(count.replace(",", "")) for _, _, count, _ in windows]
-    # Each window ends once 1,000 more are consumed (a batch may overshoot it), the last at the end.
-    assert consumed[-1] == 3000 and all(later - earlier >= 1000 for earlier, later in itertools.pairwise(consumed))
+    # Each window ends once 1,000 more are consumed (a batch may overshoot it), the last at the end (however many).
+    assert consumed[-1] == 3000 and all(later - earlier >= 1000 for earlier, later in itertools.pairwise(consumed[:-1]))
     rates = [float(rate.replace(",", "")) for _, rate, _, _ in windows]
     assert all(rate > 0 for rate in rates)
-    # The decision process's own time per record: more than nothing, less than the whole window's time.
+    # The decision process's own time per record, in microseconds: more than nothing, and far less than the
+    # 0.1 s a record that a mistaken unit or count would show (a window also holds batches decided ahead of its
+    # commits, so the window's own time is no bound).
     deciding = [float(us) for _, _, _, us in windows]
-    assert all(0 < us < 1e6 / rate for us, rate in zip(deciding, rates, strict=True))
+    assert all(0 < us < 100_000 for us in deciding)
     ratio = re.search(r"^last window / first window msg/s: ([\d.]+)$", out, re.MULTILINE)
     assert ratio and float(ratio[1]) == pytest.approx(rates[-1] / rates[0], rel=0.01, abs=0.01)
     leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
