@@ -152,10 +152,15 @@ async def wait_for(condition: Any, timeout: float, what: str) -> None:
 
 
 async def committed_offset(bootstrap: str, group: str, topic: str, partition: int = 0) -> int:
+    return await kafka_committed(bootstrap, group, topic, partition) or 0
+
+
+async def kafka_committed(bootstrap: str, group: str, topic: str, partition: int = 0) -> int | None:
+    """The group's committed offset of the partition, None when Kafka has none."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
-        return await consumer.committed(TopicPartition(topic, partition)) or 0
+        return await consumer.committed(TopicPartition(topic, partition))
     finally:
         await consumer.stop()
 
@@ -164,23 +169,29 @@ def offline_novel(
     settings: Settings, index_path: Path, stream: Sequence[OutRecord], topic: str, batch: int
 ) -> list[tuple[bytes, str]]:
     """(value, fingerprint hex) of what one uninterrupted offline run through the decision core keeps."""
-    decoder = DocumentDecoder(settings.input)
     kept = []
     with open_index(settings, index_path) as index:
         dedup = Deduplicator(settings, index)
         for start in range(0, len(stream), batch):
-            chunk = stream[start : start + batch]
-            docs = []
-            for offset, record in enumerate(chunk, start):
-                item = decoder.decode(
-                    record.value, default_id=f"{topic}-0-{offset}", timestamp=record.timestamp_ms / 1000
-                )
-                if isinstance(item, Document):
-                    docs.append((record, Document(item.id, item.text, item.time, (topic, 0, offset))))
+            docs = stream_documents(settings, stream[start : start + batch], topic, start)
             verdicts = dedup.decide([doc for _, doc in docs])
             pairs = zip(docs, verdicts, strict=True)
             kept += [(r.value, fingerprint_hex(v.fingerprint)[0]) for (r, _), v in pairs if v.novel]
     return kept
+
+
+def stream_documents(
+    settings: Settings, records: Sequence[OutRecord], topic: str, first_offset: int = 0
+) -> list[tuple[OutRecord, Document]]:
+    """The documents of these records of partition 0 from ``first_offset`` on, as the service decodes them, each
+    with its origin; records that are no document are left out."""
+    decoder = DocumentDecoder(settings.input)
+    docs = []
+    for offset, record in enumerate(records, first_offset):
+        item = decoder.decode(record.value, default_id=f"{topic}-0-{offset}", timestamp=record.timestamp_ms / 1000)
+        if isinstance(item, Document):
+            docs.append((record, Document(item.id, item.text, item.time, (topic, 0, offset))))
+    return docs
 
 
 def synthetic_stream(n: int, seed: int, *, bad_every: int = 0) -> list[OutRecord]:
@@ -787,28 +798,14 @@ async def test_a_first_batch_decided_but_never_committed_to_kafka_is_published_a
     # before deciding anything, so Kafka has an offset from the start and the batch is rolled back.
     settings = load_settings(None, **overrides(kafka_bootstrap, topics, tmp_path / "index"))
 
-    async def committed() -> int | None:
-        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=settings.kafka.group_id)
-        await consumer.start()
-        try:
-            return await consumer.committed(TopicPartition(topics.input, 0))
-        finally:
-            await consumer.stop()
+    def committed() -> Awaitable[int | None]:
+        return kafka_committed(kafka_bootstrap, settings.kafka.group_id, topics.input)
 
     async with DedupService(settings):
         await wait_for(lambda: _is(committed(), 0), 60, "the resume offset to be committed")
     stream = synthetic_stream(40, seed=17)
     await kafka_produce(topics.input, stream)
-    decoder = DocumentDecoder(settings.input)
-    decoded = [
-        decoder.decode(record.value, default_id=f"{topics.input}-0-{offset}", timestamp=record.timestamp_ms / 1000)
-        for offset, record in enumerate(stream)
-    ]
-    documents = [
-        Document(item.id, item.text, item.time, (topics.input, 0, offset))
-        for offset, item in enumerate(decoded)
-        if isinstance(item, Document)
-    ]
+    documents = [doc for _, doc in stream_documents(settings, stream, topics.input)]
     with open_index(settings, tmp_path / "index") as index:
         Deduplicator(settings, index).decide(documents, source_offsets={(topics.input, 0): len(stream)})
 
