@@ -1,8 +1,18 @@
+from unittest import mock
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamdedup.index import sorted_rows
 from streamdedup.index.sorted_rows import SortedRows
+
+
+@pytest.fixture
+def many_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every lookup takes the path of many probes (the directory), however few these tests make."""
+    monkeypatch.setattr(sorted_rows, "_FEW_PROBES", 0)
 
 
 def _rows(keys: list[int], key_bits: int) -> SortedRows:
@@ -17,22 +27,40 @@ def _brute_bounds(rows: SortedRows, probes: np.ndarray) -> tuple[list[int], list
     return low, high
 
 
+@pytest.mark.parametrize("few_probes", [0, 30], ids=["many probes", "few probes"])
 @settings(max_examples=60, deadline=None)
 @given(
     key_bits=st.sampled_from([4, 12, 20, 24, 32]),
     data=st.data(),
 )
-def test_bounds_are_the_rows_of_each_probe_on_every_lookup(key_bits: int, data: st.DataObject) -> None:
+def test_bounds_are_the_rows_of_each_probe_on_every_lookup(few_probes: int, key_bits: int, data: st.DataObject) -> None:
     # A few small keys recur, as hot keys do: probes hold none, one or many rows, and fall past the last.
     key = st.integers(0, 7) | st.integers(0, (1 << key_bits) - 1)
     rows = _rows(data.draw(st.lists(key, max_size=60)), key_bits)
-    # The first two lookups search; later ones start from a directory built on the third: all agree.
+    # Many probes: the first two lookups search, later ones start from a directory built on the third. Few
+    # probes: binary searches every time. All agree.
+    with mock.patch.object(sorted_rows, "_FEW_PROBES", few_probes):
+        for _ in range(4):
+            probes = np.unique(np.array(data.draw(st.lists(key, min_size=1, max_size=30)), dtype=np.uint64))
+            low, high = rows.bounds(probes)
+            assert (low.tolist(), high.tolist()) == _brute_bounds(rows, probes)
+    assert (rows._bucket_starts is None) == (few_probes > 0 or len(rows) == 0)
+
+
+def test_few_probes_never_pay_for_a_directory() -> None:
+    rows = _rows(list(range(0, 3000, 3)), key_bits=32)
+    few = np.array([0, 1, 2999, 3000], dtype=np.uint64)
     for _ in range(4):
-        probes = np.unique(np.array(data.draw(st.lists(key, min_size=1, max_size=30)), dtype=np.uint64))
-        low, high = rows.bounds(probes)
-        assert (low.tolist(), high.tolist()) == _brute_bounds(rows, probes)
+        assert [bound.tolist() for bound in rows.bounds(few)] == [[0, 1, 1000, 1000], [1, 1, 1000, 1000]]
+    assert rows._bucket_starts is None
+    many = np.arange(sorted_rows._FEW_PROBES + 1, dtype=np.uint64)
+    for _ in range(3):
+        low, high = rows.bounds(many)
+    assert rows._bucket_starts is not None
+    assert (high - low).tolist() == [1 if key % 3 == 0 else 0 for key in range(len(many))]
 
 
+@pytest.mark.usefixtures("many_probes")
 def test_short_keys_switch_to_a_directory_of_every_key_on_the_third_lookup() -> None:
     rows = _rows([1, 1, 5, 9, 9, 9], key_bits=4)
     probes = np.array([0, 1, 9, 15], dtype=np.uint64)
@@ -45,6 +73,7 @@ def test_short_keys_switch_to_a_directory_of_every_key_on_the_third_lookup() -> 
         assert [bound.tolist() for bound in bounds] == [[0, 0, 3, 6], [0, 2, 6, 6]]
 
 
+@pytest.mark.usefixtures("many_probes")
 def test_long_keys_get_a_directory_of_their_top_bits_and_settle_probes_within_a_bucket() -> None:
     # Seven rows: a directory of the top 2 bits (four buckets). Bucket 0 holds four rows (more than are compared
     # directly, so it searches), bucket 1 none, bucket 2 one, bucket 3 two of one key.
