@@ -1,7 +1,7 @@
 """Entries found by a 64-bit hash of something each holds (its id, its content): rows of (hash, entry key) as the
 sorted runs of ``table.SortedRuns``.
 
-A batch appends one run and the runs merge in binary tiers, so a row is written about log2(entries / batch)
+A batch appends one run and the runs merge four at a time, so a row is written about log4(entries / batch)
 times, each time appended, where a B-tree keyed by hashes would dirty a random page per row. A row found names a
 candidate that its caller confirms on the entry's record: hashes collide, and a removed entry's row stays (its
 record is gone, so it no longer confirms) until the index holds as many such rows as entries; the next batch then

@@ -3,9 +3,9 @@ database, laid out one of three ways (the index stores which):
 
 - ``runs`` (:class:`SortedRuns`): immutable runs of rows sorted by key, packed end to end in chunks of about 64
   rows, each chunk one LMDB value. A merge writes its rows as a new run with LMDB's append mode, which fills every
-  page, and runs merge into one as they grow (binary tiers: a run that holds at least half the rows of the one
-  before it merges with it), so a row is rewritten about log2(table / merge) times and a table holds about as many
-  runs. A merge that would merge every run into one waits for a turn that may rewrite the table (``merge_due``):
+  page, and runs merge as they grow (the newest four into one, once they hold about as many rows each:
+  ``RUNS_MERGED``), so a row is rewritten about log4(table / merge) times and a table holds up to three runs of
+  each size. A merge that would merge every run into one waits for a turn that may rewrite the table (``merge_due``):
   the writer spreads those turns (``writes.REWRITE_ROUNDS``). A B-tree merge (``rows``) instead inserts its rows at
   random places: once a table has more pages than a merge has rows, every row dirties a page of its own, which the
   commit writes out again. Each run keeps the first key of each chunk (which chunk a probe reads) and a bitmap of
@@ -288,6 +288,10 @@ class PackedBuckets(_Table):
             cursor.putmulti(zip(key_list, (packed[low:high] for low, high in pairwise(bounds)), strict=True))
 
 
+RUNS_MERGED = 4
+"""Runs that merge into one at a time, once they hold about as many rows each: a row is rewritten about
+log4(table / merge) times (half as often as merging runs two by two), and a table holds up to three runs of
+each size."""
 _CHUNK_ROWS = 64
 """Rows of a run's chunk by default (more where a key holds more, as a key's rows never span two chunks): what a
 probe reads. A reader needs no setting: each run's directory names its chunks."""
@@ -344,12 +348,12 @@ class SortedRuns(_Table):
         if may_rewrite:
             return True
         runs = self._catalog(txn)[1]["rows"].tolist()
-        merged = rows
-        for older in reversed(runs):
-            if 2 * merged < older:
-                return True  # the merge stops short of the oldest run
-            merged += older
-        return not runs
+        if not runs:
+            return True
+        sizes = [*runs, rows]
+        while (merging := _merged_runs(sizes)) > 1:
+            sizes[-merging:] = [sum(sizes[-merging:])]
+        return len(sizes) > 1  # the merges stop short of the oldest run
 
     def row_count(self, txn: Any) -> int:
         return int(self._catalog(txn)[1]["rows"].sum())
@@ -393,19 +397,22 @@ class SortedRuns(_Table):
         return owner[order], value[order]
 
     def insert(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
-        """Store rows (keys ascending) as a new run, then merge the newest runs while the newer holds at least
-        half the rows of the older."""
+        """Store rows (keys ascending) as a new run, then merge the newest runs as ``_merged_runs`` says, again
+        until it says none."""
         if not len(keys):
             return
         next_run, stored = self._catalog(txn)
         runs = [*stored, self._write_run(txn, next_run, keys, values)]
         next_run += 1
-        while len(runs) >= 2 and 2 * int(runs[-1]["rows"]) >= int(runs[-2]["rows"]):
-            newer, older = runs.pop(), runs.pop()
-            merged = merged_rows(*self._run_rows(txn, older), *self._run_rows(txn, newer))
-            self._drop_run(txn, older)
-            self._drop_run(txn, newer)
-            runs.append(self._write_run(txn, next_run, *merged))
+        while (merging := _merged_runs([int(run["rows"]) for run in runs])) > 1:
+            merged = runs[-merging:]
+            del runs[-merging:]
+            keys, values = self._run_rows(txn, merged[0])
+            for newer in merged[1:]:
+                keys, values = merged_rows(keys, values, *self._run_rows(txn, newer))
+            for run in merged:
+                self._drop_run(txn, run)
+            runs.append(self._write_run(txn, next_run, keys, values))
             next_run += 1
         self._put_catalog(txn, next_run, runs)
 
@@ -511,6 +518,15 @@ class SortedRuns(_Table):
             self._filters[named] = np.frombuffer(txn.get(_part_key(named[0], _FILTER_PART), db=self.db), np.uint8)
         slots = _filter_slots(keys, int(run["filter_slots"]))
         return ((self._filters[named][slots >> 3] >> (slots & 7).astype(np.uint8)) & 1).astype(bool)
+
+
+def _merged_runs(rows: list[int]) -> int:
+    """How many of the newest runs (rows of each, oldest first) merge into one next: the newest
+    ``RUNS_MERGED`` once the oldest of them holds no more rows than the others together, else none (0)."""
+    if len(rows) < RUNS_MERGED:
+        return 0
+    newest = rows[-RUNS_MERGED:]
+    return RUNS_MERGED if newest[0] <= sum(newest[1:]) else 0
 
 
 def _filter_slots(keys: np.ndarray, slots: int) -> np.ndarray:
