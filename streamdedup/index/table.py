@@ -351,8 +351,8 @@ class SortedRuns(_Table):
         if not runs:
             return True
         sizes = [*runs, rows]
-        while (merging := _merged_runs(sizes)) > 1:
-            sizes[-merging:] = [sum(sizes[-merging:])]
+        while _newest_merge(sizes):
+            sizes[-RUNS_MERGED:] = [sum(sizes[-RUNS_MERGED:])]
         return len(sizes) > 1  # the merges stop short of the oldest run
 
     def row_count(self, txn: Any) -> int:
@@ -397,16 +397,15 @@ class SortedRuns(_Table):
         return owner[order], value[order]
 
     def insert(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
-        """Store rows (keys ascending) as a new run, then merge the newest runs as ``_merged_runs`` says, again
-        until it says none."""
+        """Store rows (keys ascending) as a new run, then merge the newest runs while ``_newest_merge`` says so."""
         if not len(keys):
             return
         next_run, stored = self._catalog(txn)
         runs = [*stored, self._write_run(txn, next_run, keys, values)]
         next_run += 1
-        while (merging := _merged_runs([int(run["rows"]) for run in runs])) > 1:
-            merged = runs[-merging:]
-            del runs[-merging:]
+        while _newest_merge([int(run["rows"]) for run in runs]):
+            merged = runs[-RUNS_MERGED:]
+            del runs[-RUNS_MERGED:]
             keys, values = self._run_rows(txn, merged[0])
             for newer in merged[1:]:
                 keys, values = merged_rows(keys, values, *self._run_rows(txn, newer))
@@ -520,13 +519,11 @@ class SortedRuns(_Table):
         return ((self._filters[named][slots >> 3] >> (slots & 7).astype(np.uint8)) & 1).astype(bool)
 
 
-def _merged_runs(rows: list[int]) -> int:
-    """How many of the newest runs (rows of each, oldest first) merge into one next: the newest
-    ``RUNS_MERGED`` once the oldest of them holds no more rows than the others together, else none (0)."""
-    if len(rows) < RUNS_MERGED:
-        return 0
+def _newest_merge(rows: list[int]) -> bool:
+    """Whether the newest ``RUNS_MERGED`` runs (``rows`` of each run, oldest first) merge into one: once the
+    oldest of them holds no more rows than the others together."""
     newest = rows[-RUNS_MERGED:]
-    return RUNS_MERGED if newest[0] <= sum(newest[1:]) else 0
+    return len(newest) == RUNS_MERGED and newest[0] <= sum(newest[1:])
 
 
 def _filter_slots(keys: np.ndarray, slots: int) -> np.ndarray:
