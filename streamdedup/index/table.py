@@ -406,12 +406,12 @@ class SortedRuns(_Table):
         while _newest_merge([int(run["rows"]) for run in runs]):
             merged = runs[-RUNS_MERGED:]
             del runs[-RUNS_MERGED:]
-            keys, values = self._run_rows(txn, merged[0])
+            merged_keys, merged_values = self._run_rows(txn, merged[0])
             for newer in merged[1:]:
-                keys, values = merged_rows(keys, values, *self._run_rows(txn, newer))
+                merged_keys, merged_values = merged_rows(merged_keys, merged_values, *self._run_rows(txn, newer))
             for run in merged:
                 self._drop_run(txn, run)
-            runs.append(self._write_run(txn, next_run, keys, values))
+            runs.append(self._write_run(txn, next_run, merged_keys, merged_values))
             next_run += 1
         self._put_catalog(txn, next_run, runs)
 

@@ -495,12 +495,17 @@ def _start_writer(path: Path, log: Path, kind: str = "folds") -> subprocess.Pope
     return writer
 
 
+def _logged_batches(log: Path) -> list[int]:
+    """The batch numbers the writers logged as committed, in order."""
+    return [int(line) for line in log.read_text().split("\n")[:-1]] if log.exists() else []
+
+
 def _wait_for_a_logged_batch(log: Path, after: int) -> None:
     """Until the writer has logged a batch numbered above ``after``."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        lines = log.read_text().split("\n")[:-1] if log.exists() else []
-        if lines and int(lines[-1]) > after:
+        logged = _logged_batches(log)
+        if logged and logged[-1] > after:
             return
         time.sleep(0.005)
     raise AssertionError(f"the writer logged no batch after {after} in 60 s")
@@ -510,7 +515,7 @@ def _check_committed(path: Path, log: Path, known: int = -1, kind: str = "folds"
     """The reopened index holds exactly the logged batches and the ``known`` committed ones, plus possibly the one
     in flight. A writer killed between a commit and its log line leaves that batch unlogged, and the next writer
     resumes after it: the last check's answer is known too."""
-    logged = [int(line) for line in log.read_text().split("\n")[:-1]] if log.exists() else []
+    logged = _logged_batches(log)
     with crash_writer.open_index(str(path), kind) as index:
         committed_through = index.source_offsets().get((crash_writer.TOPIC, 0), 0) // crash_writer.BATCH - 1
         last_known = max(logged[-1] if logged else -1, known)
