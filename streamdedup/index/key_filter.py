@@ -14,10 +14,11 @@ of absent keys pass after the five doublings from the smallest bitmaps to the la
 rebuilt), and no stored entry is read again.
 
 One more bitmap does the same for the ids of stored entries (over a hash of each id's key, see
-``store.id_hashes``): most documents of a stream bring an id never seen, and a clear bit spares the LMDB read
-that looks for it as a redelivery or a re-added id. An id sets two bits and passes only when both are set: under
-1.5 % of new ids pass at capacity, against 6 % with one bit, as every id of a batch is looked up twice (as a
-redelivery, and as a re-added id when it is stored).
+``store.id_hashes``): most documents of a stream bring an id never seen, and a clear bit spares the read of the
+id runs that looks for it as a redelivery or a re-added id. That read costs about the same for one id as for a
+batch's worth (a search of every run), so the ids' bitmap is made to let almost none through: 128 bits an entry,
+three of them set by an id, and an id passes only when all three are; at capacity about 1 new id in 80,000
+passes (1.5 % at 16 bits and two set), so most batches of a thousand new ids read no id run at all.
 
 It is valid for one state of the index, named by the index's count of batches that added keys (``covers``):
 the index checks that count before trusting the filter, and rebuilds the filter from the stored entries when
@@ -41,11 +42,15 @@ BITS_PER_KEY = 16
 """At capacity, about 6 % of absent keys find their bit set (1 - e^(-1/16))."""
 MIN_CAPACITY = 1 << 16
 MAX_BYTES = 128 << 20
-"""All tables together (the ids take one table's more): past ~2M entries under 32 tables the filter lets more misses
-through, not more memory."""
+"""All tables together (the ids' bitmap apart, see ``MAX_ID_BYTES``): past ~2M entries under 32 tables the filter
+lets more misses through, not more memory."""
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the product's top bits mix every key bit
-_SECOND = np.uint64(0xC2B2AE3D27D4EB4F)  # an id's second bit: another odd multiplier, other top bits
-_SAVED_ID_BITS = 2  # bits an id sets, saved with the bitmaps: a filter saved with another count is rebuilt
+# An id's bits: the top bits of its hash times each of these odd multipliers.
+_ID_MULTIPLIERS = np.array([_GOLDEN, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9], dtype=np.uint64)
+_ID_BITS = len(_ID_MULTIPLIERS)  # saved with the bitmaps: a filter saved with another count is rebuilt
+BITS_PER_ID = 128
+"""At capacity, about (1 - e^(-3/128))^3 = 1 in 80,000 new ids find all three of their bits set."""
+MAX_ID_BYTES = 32 << 20
 # Keys per table added at once: with many more, the passes' scattered reads and writes fall out of cache (65,536
 # a table in one go took longer than np.bitwise_or.at; in blocks of this size, 10-20 % less).
 _ADD_BLOCK = 8192
@@ -98,21 +103,18 @@ class KeyFilter:
         tables = len(key_bits)
         self._key_bits = tuple(key_bits)
         wanted = max(3, (max(capacity, MIN_CAPACITY) * BITS_PER_KEY - 1).bit_length())
+        # What was asked, rounded up to the minimum and to a power of two (so a small index does not rebuild the
+        # filter at every doubling): the entries the bitmaps serve, unless capped below it.
+        self.capacity = (1 << wanted) // BITS_PER_KEY
         largest_hashed = max(3, (MAX_BYTES * 8 // tables).bit_length() - 1)
         self._largest = min(max(key_bits), largest_hashed)
         self.slot_bits = min(self._largest, wanted)
-        self.id_slot_bits = min(largest_hashed, wanted)
+        self.id_slot_bits = min((MAX_ID_BYTES * 8).bit_length() - 1, (self.capacity * BITS_PER_ID - 1).bit_length())
         self.covers = covers
         self._identity = self.slot_bits >= max(key_bits)
         self._shift = np.uint64(64 - self.slot_bits)
         self._bitmaps = np.zeros((tables, (1 << self.slot_bits) // 8), dtype=np.uint8)
         self._id_bitmap = np.zeros((1, (1 << self.id_slot_bits) // 8), dtype=np.uint8)
-
-    @property
-    def capacity(self) -> int:
-        """Entries the bitmaps serve at ``BITS_PER_KEY`` bits a key: what was asked, rounded up to the minimum and
-        to a power of two (so a small index does not rebuild the filter at every doubling)."""
-        return (1 << self.slot_bits) // BITS_PER_KEY
 
     def useful(self, entries: int) -> bool:
         """Whether ``entries`` keys a table leave most of its bits clear (else nearly every key passes and
@@ -130,9 +132,13 @@ class KeyFilter:
         larger = KeyFilter(self._key_bits, 2 * self.capacity, self.covers)
         if self._identity or larger._identity or larger.slot_bits != self.slot_bits + 1:
             return None
-        for old, new in ((self._bitmaps, larger._bitmaps), (self._id_bitmap, larger._id_bitmap)):
-            new[:, 0::2] = _SPREAD_LOW[old]
-            new[:, 1::2] = _SPREAD_HIGH[old]
+        larger._bitmaps[:, 0::2] = _SPREAD_LOW[self._bitmaps]
+        larger._bitmaps[:, 1::2] = _SPREAD_HIGH[self._bitmaps]
+        if larger.id_slot_bits == self.id_slot_bits:
+            larger._id_bitmap = self._id_bitmap.copy()  # at MAX_ID_BYTES already: the same slots
+        else:
+            larger._id_bitmap[:, 0::2] = _SPREAD_LOW[self._id_bitmap]
+            larger._id_bitmap[:, 1::2] = _SPREAD_HIGH[self._id_bitmap]
         return larger
 
     def _slots(self, keys: np.ndarray) -> np.ndarray:
@@ -140,9 +146,9 @@ class KeyFilter:
         return keys if self._identity else (keys * _GOLDEN) >> self._shift
 
     def _id_slots(self, id_hashes: np.ndarray) -> np.ndarray:
-        """(2, n): each id's two slots, from two multipliers of its hash."""
+        """(_ID_BITS, n): each id's slots, one from each multiplier of its hash."""
         hashes = np.asarray(id_hashes, dtype=np.uint64)
-        return np.stack([hashes * _GOLDEN, hashes * _SECOND]) >> np.uint64(64 - self.id_slot_bits)
+        return (_ID_MULTIPLIERS[:, None] * hashes) >> np.uint64(64 - self.id_slot_bits)
 
     def add(self, keys: np.ndarray, id_hashes: np.ndarray) -> None:
         """Mark ``keys`` ((tables, n) uint64, row t holding table t's keys) and ids (their ``id_hashes``, see
@@ -160,8 +166,7 @@ class KeyFilter:
 
     def may_hold_ids(self, id_hashes: np.ndarray) -> np.ndarray:
         """False where the ids of these ``id_hashes`` are certainly not stored."""
-        first, second = self._id_slots(id_hashes)
-        return _bits_at(self._id_bitmap, 0, first) & _bits_at(self._id_bitmap, 0, second)
+        return np.logical_and.reduce(_bits_at(self._id_bitmap, 0, self._id_slots(id_hashes)), axis=0)
 
     def save(self, path: Path, token: bytes) -> None:
         """Write the bitmaps and ``token`` to ``path`` (complete or not at all)."""
@@ -172,7 +177,8 @@ class KeyFilter:
                 token=np.frombuffer(token, dtype=np.uint8),
                 bitmaps=self._bitmaps,
                 ids=self._id_bitmap,
-                id_bits=np.array(_SAVED_ID_BITS),
+                id_bits=np.array(_ID_BITS),
+                capacity=np.array(self.capacity),
             )
         os.replace(partial, path)
 
@@ -181,12 +187,10 @@ class KeyFilter:
         """The filter saved at ``path`` with ``token`` for these tables, else None."""
         try:
             with np.load(path) as saved:
-                if saved["token"].tobytes() != token or "id_bits" not in saved or saved["id_bits"] != _SAVED_ID_BITS:
+                if saved["token"].tobytes() != token or "id_bits" not in saved or saved["id_bits"] != _ID_BITS:
                     return None
                 bitmaps, id_bitmap = saved["bitmaps"], saved["ids"]
-                # The ids' bitmap (always hashed, so never cut to the keys' width) tells the capacity it was built
-                # for.
-                key_filter = cls(key_bits, id_bitmap.shape[-1] * 8 // BITS_PER_KEY, covers)
+                key_filter = cls(key_bits, int(saved["capacity"]), covers)
                 if bitmaps.shape != key_filter._bitmaps.shape or id_bitmap.shape != key_filter._id_bitmap.shape:
                     return None
                 key_filter._bitmaps, key_filter._id_bitmap = bitmaps, id_bitmap

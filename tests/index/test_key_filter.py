@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from streamdedup.index import IndexStorageError, SegmentIndex
+from streamdedup.index import key_filter as key_filter_module
 from streamdedup.index.cached import KEY_FILTER_FILE
-from streamdedup.index.key_filter import BITS_PER_KEY, MIN_CAPACITY, KeyFilter
+from streamdedup.index.key_filter import BITS_PER_ID, BITS_PER_KEY, MIN_CAPACITY, KeyFilter
 from streamdedup.index.plan import make_segment_plan
 from streamdedup.index.store import id_hashes, keys_of_ids
 from tests.index.test_segment import ROOT, _brute, _clustered, _flip, _random
@@ -41,10 +42,20 @@ def test_added_ids_are_always_present_and_most_absent_ids_are_not() -> None:
     key_filter.add(np.zeros((2, 0), np.uint64), id_hashes(added))
     assert key_filter.may_hold_ids(id_hashes(added)).all()
     absent = [f"doc-{i}".encode() for i in range(MIN_CAPACITY, 3 * MIN_CAPACITY)]
-    # Two bits an id: both set for about (1 - e^(-2/16))^2 = 1.4 % of absent ids at capacity.
-    assert abs(key_filter.may_hold_ids(id_hashes(absent)).mean() - (1 - np.exp(-2 / BITS_PER_KEY)) ** 2) < 0.003
+    # Three bits an id, all set for about (1 - e^(-3/128))^3 = 1 in 80,000 absent ids at capacity.
+    assert key_filter.may_hold_ids(id_hashes(absent)).sum() <= 10
     # The tables' bitmaps stay clear: ids and keys do not share bits.
     assert not key_filter.may_contain(0, np.arange(2**16, dtype=np.uint64)).any()
+
+
+def test_ids_pass_as_three_bits_an_id_predict() -> None:
+    key_filter = KeyFilter([16, 16], capacity=MIN_CAPACITY, covers=0)
+    # Eight bits an id, sixteen times the capacity: all three set for (1 - e^(-3/8))^3 = 2.7 % of absent ids.
+    overfill = 16 * MIN_CAPACITY
+    key_filter.add(np.zeros((2, 0), np.uint64), id_hashes([f"doc-{i}".encode() for i in range(overfill)]))
+    absent = [f"doc-{i}".encode() for i in range(overfill, overfill + 2 * MIN_CAPACITY)]
+    expected = (1 - np.exp(-3 * overfill / (BITS_PER_ID * MIN_CAPACITY))) ** 3
+    assert abs(key_filter.may_hold_ids(id_hashes(absent)).mean() - expected) < 0.003
 
 
 def test_id_hashes_mix_every_byte_hashed_and_the_length() -> None:
@@ -250,7 +261,7 @@ def test_a_filter_saved_with_one_bit_an_id_is_rebuilt_not_loaded(tmp_path: Path)
     with SegmentIndex(tmp_path, 128, 3, plan=plan) as index:
         index.add(ids, stored)
         assert index.query(stored[:1])[0][0] == ("d0", 0)
-    # As older code saved it: no count of bits an id, one bit each (only the first of today's two).
+    # As older code saved it: no count of bits an id, one bit each (only the first of today's three).
     with np.load(tmp_path / KEY_FILTER_FILE) as saved:
         token, bitmaps = saved["token"], saved["bitmaps"]
     one_bit = KeyFilter([len(key) for key in plan.tables], MIN_CAPACITY, covers=0)
@@ -362,3 +373,21 @@ def test_an_outgrown_filter_doubles_instead_of_reading_every_entry(tmp_path: Pat
         probes = rng.integers(0, len(stored), 50)
         assert [hits[0] for hits in index.query(stored[probes])] == [(ids[i], 0) for i in probes]
         assert index._cached.key_filter is not None and index._cached.key_filter.capacity == 2 * first.capacity
+
+
+def test_a_filter_doubles_its_tables_past_the_ids_cap_and_keeps_every_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The ids' bitmap at its cap from the start: 2**23 bits, as at MIN_CAPACITY.
+    monkeypatch.setattr(key_filter_module, "MAX_ID_BYTES", 1 << 20)
+    rng = np.random.default_rng(13)
+    key_filter = KeyFilter([32, 32], capacity=MIN_CAPACITY, covers=0)
+    added_ids = rng.integers(0, 2**63, size=MIN_CAPACITY, dtype=np.uint64)
+    key_filter.add(np.zeros((2, 0), np.uint64), added_ids)
+    doubled = key_filter.doubled()
+    assert doubled is not None and doubled.slot_bits == key_filter.slot_bits + 1
+    assert doubled.id_slot_bits == key_filter.id_slot_bits == 23
+    assert np.array_equal(doubled._id_bitmap, key_filter._id_bitmap)
+    more_ids = rng.integers(0, 2**63, size=MIN_CAPACITY, dtype=np.uint64)
+    doubled.add(np.zeros((2, 0), np.uint64), more_ids)
+    assert doubled.may_hold_ids(added_ids).all() and doubled.may_hold_ids(more_ids).all()
+    # The one it was doubled from is not changed by it.
+    assert key_filter.may_hold_ids(more_ids).mean() < 0.01
