@@ -25,9 +25,14 @@ _FEW_PROBES = 512
 def expand_ranges(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every index in each [low[i], high[i]), with the i it came from."""
     counts = high - low
-    if not counts.any():
+    most = counts.max(initial=0)
+    if not most:
         # Most lookups of novel documents find nothing: two passes, not the seven below.
         return np.zeros(0, dtype=low.dtype), np.zeros(0, dtype=np.intp)
+    if most == 1:
+        # Most keys found hold one row: three passes.
+        found = np.flatnonzero(counts)
+        return low[found], found
     owner = np.repeat(np.arange(len(low)), counts)
     return low[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts), owner
 

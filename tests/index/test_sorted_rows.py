@@ -107,3 +107,18 @@ def test_merged_kept_and_emptied_make_new_rows_and_leave_the_old_ones_alone() ->
     kept = merged.kept(merged.keys != 4)
     assert kept.keys.tolist() == [1, 2, 9] and kept.values.tolist() == [100, 7, 102] and kept.key_bits == 8
     assert len(merged.emptied()) == 0 and merged.emptied().values.dtype == np.uint64
+
+
+@settings(max_examples=80, deadline=None)
+@given(starts=st.lists(st.integers(0, 50), max_size=30), data=st.data())
+def test_expanded_ranges_are_every_index_of_each_range_in_order(starts: list[int], data: st.DataObject) -> None:
+    # Ranges of at most one index (most lookups), none at all, and longer ones (hot keys) take their own paths.
+    longest = data.draw(st.sampled_from([0, 1, 4]))
+    counts = data.draw(st.lists(st.integers(0, longest), min_size=len(starts), max_size=len(starts)))
+    low = np.array(starts, dtype=np.intp)
+    rows, owners = sorted_rows.expand_ranges(low, low + np.array(counts, dtype=np.intp))
+    expected = [
+        (start + step, i) for i, (start, count) in enumerate(zip(starts, counts, strict=True)) for step in range(count)
+    ]
+    assert list(zip(rows.tolist(), owners.tolist(), strict=True)) == expected
+    assert rows.dtype == np.intp and owners.dtype == np.intp
