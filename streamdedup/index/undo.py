@@ -12,11 +12,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from .store import Store, seq_bytes
 
 __all__ = ["UNDO_BATCHES", "Undo", "UndoRecord", "UndoRecords"]
+
+_U64, _I64 = np.dtype("<u8"), np.dtype("<i8")
+_NPZ_MAGIC = b"PK\x03\x04"  # a zip archive's first bytes
 
 UNDO_BATCHES = 16
 """Batches that stored entries whose changes ``rollback`` can undo exactly: the service has at most two
@@ -42,31 +46,24 @@ class Undo:
     def pack(self) -> bytes:
         seqs = np.concatenate(self.removed_seqs) if self.removed_seqs else np.zeros(0, np.uint64)
         heads = np.concatenate(self.removed_heads) if self.removed_heads else np.zeros(0, np.uint8)
-        keys, values = list(self.times), list(self.times.values())
         rows = self.table_rows
-        arrays: dict[str, np.ndarray] = {
-            "header": np.array([self.first_seq, self.count], dtype=np.uint64),
-            "clock": np.frombuffer(self.clock or b"", dtype=np.uint8),
-            "has_clock": np.array([self.clock is not None, self.window is not None]),
-            "window": np.frombuffer(self.window or b"", dtype=np.uint8),
-            "seqs": seqs.astype(np.uint64),
-            "heads": heads.view(np.uint8).ravel(),
-            "id_lengths": np.array(list(map(len, self.removed_ids)), dtype=np.int64),
-            "ids": np.frombuffer(b"".join(self.removed_ids), dtype=np.uint8),
-            "time_keys": np.frombuffer(b"".join(keys), dtype=np.uint8),
-            "time_present": np.array([v is not None for v in values], dtype=bool),
-            "time_lengths": np.array([len(v or b"") for v in values], dtype=np.int64),
-            "time_values": np.frombuffer(b"".join(v or b"" for v in values), dtype=np.uint8),
-            "row_tables": np.concatenate([np.full(len(k), t, np.int64) for t, k, _ in rows])
-            if rows
-            else np.zeros(0, np.int64),
-            "row_keys": np.concatenate([k for _, k, _ in rows]).astype(np.uint64) if rows else np.zeros(0, np.uint64),
-            "row_values": np.concatenate([v for _, _, v in rows]).astype(np.uint64) if rows else np.zeros(0, np.uint64),
-        }
-        out = io.BytesIO()
-        # numpy's stub puts ``allow_pickle: bool`` beside ``**kwds``, and mypy checks a dict's values against both.
-        np.savez(out, **arrays)  # type: ignore[arg-type]
-        return out.getvalue()
+        # msgpack, arrays as their little-endian bytes: a batch's record packs in microseconds, where an .npz
+        # archive of its dozen arrays took a millisecond.
+        return msgpack.packb(
+            {
+                "first_seq": int(self.first_seq),
+                "count": int(self.count),
+                "clock": self.clock,
+                "window": self.window,
+                "seqs": seqs.astype(_U64).tobytes(),
+                "heads": heads.tobytes(),
+                "ids": self.removed_ids,
+                "times": list(self.times.items()),
+                "row_tables": np.concatenate([np.full(len(k), t, _I64) for t, k, _ in rows]).tobytes() if rows else b"",
+                "row_keys": np.concatenate([k for _, k, _ in rows]).astype(_U64).tobytes() if rows else b"",
+                "row_values": np.concatenate([v for _, _, v in rows]).astype(_U64).tobytes() if rows else b"",
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -85,6 +82,28 @@ class UndoRecord:
 
     @classmethod
     def unpack(cls, raw: bytes, record: np.dtype) -> UndoRecord:
+        if raw.startswith(_NPZ_MAGIC):
+            return cls._unpack_npz(raw, record)
+        a = msgpack.unpackb(raw, raw=False)
+        return cls(
+            a["first_seq"],
+            a["count"],
+            a["clock"],
+            a["window"],
+            np.frombuffer(a["seqs"], dtype=_U64).astype(np.uint64),
+            np.frombuffer(a["heads"], dtype=record),
+            a["ids"],
+            [(key, value) for key, value in a["times"]],
+            (
+                np.frombuffer(a["row_tables"], dtype=_I64).astype(np.int64),
+                np.frombuffer(a["row_keys"], dtype=_U64).astype(np.uint64),
+                np.frombuffer(a["row_values"], dtype=_U64).astype(np.uint64),
+            ),
+        )
+
+    @classmethod
+    def _unpack_npz(cls, raw: bytes, record: np.dtype) -> UndoRecord:
+        """A record stored as an .npz archive, as indexes of format 9 and earlier hold them."""
         with np.load(io.BytesIO(raw), allow_pickle=False) as arrays:
             a = {name: arrays[name] for name in arrays.files}
         first_seq, count = a["header"].tolist()
