@@ -47,8 +47,8 @@ class Undo:
         seqs = np.concatenate(self.removed_seqs) if self.removed_seqs else np.zeros(0, np.uint64)
         heads = np.concatenate(self.removed_heads) if self.removed_heads else np.zeros(0, np.uint8)
         rows = self.table_rows
-        # msgpack, arrays as their little-endian bytes: a batch's record packs in microseconds, where an .npz
-        # archive of its dozen arrays took a millisecond.
+        # msgpack, arrays as their little-endian bytes: microseconds a batch, where an .npz archive of a dozen
+        # small arrays costs about a millisecond.
         return msgpack.packb(
             {
                 "first_seq": int(self.first_seq),
@@ -103,7 +103,7 @@ class UndoRecord:
 
     @classmethod
     def _unpack_npz(cls, raw: bytes, record: np.dtype) -> UndoRecord:
-        """A record stored as an .npz archive, as indexes of format 9 and earlier hold them."""
+        """A record stored as an .npz archive, as earlier versions of streamdedup wrote them."""
         with np.load(io.BytesIO(raw), allow_pickle=False) as arrays:
             a = {name: arrays[name] for name in arrays.files}
         first_seq, count = a["header"].tolist()

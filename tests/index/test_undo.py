@@ -49,7 +49,7 @@ def test_an_empty_undo_record_reads_back_empty() -> None:
 
 
 def test_an_undo_record_stored_as_an_npz_archive_reads_back_alike() -> None:
-    # The .npz layout that indexes of format 9 and earlier hold.
+    # The .npz layout earlier versions of streamdedup wrote.
     undo = _undo()
     keys, values = list(undo.times), list(undo.times.values())
     out = io.BytesIO()
