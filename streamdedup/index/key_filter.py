@@ -70,6 +70,14 @@ def _spread(nibble_shift: int) -> np.ndarray:
 _SPREAD_LOW, _SPREAD_HIGH = _spread(0), _spread(4)
 
 
+def _split_slots(bitmaps: np.ndarray) -> np.ndarray:
+    """Bitmaps of twice the slots, each slot's bit in both slots it splits into."""
+    split = np.empty((bitmaps.shape[0], 2 * bitmaps.shape[1]), dtype=np.uint8)
+    split[:, 0::2] = _SPREAD_LOW[bitmaps]
+    split[:, 1::2] = _SPREAD_HIGH[bitmaps]
+    return split
+
+
 def _set_bits(bitmaps: np.ndarray, slots: np.ndarray) -> None:
     """Set the bits of ``slots`` ((rows, m)) in ``bitmaps`` ((rows, bytes)), row for row."""
     row_bytes = np.uint64(bitmaps.shape[1])
@@ -132,13 +140,10 @@ class KeyFilter:
         larger = KeyFilter(self._key_bits, 2 * self.capacity, self.covers)
         if self._identity or larger._identity or larger.slot_bits != self.slot_bits + 1:
             return None
-        larger._bitmaps[:, 0::2] = _SPREAD_LOW[self._bitmaps]
-        larger._bitmaps[:, 1::2] = _SPREAD_HIGH[self._bitmaps]
-        if larger.id_slot_bits == self.id_slot_bits:
-            larger._id_bitmap = self._id_bitmap.copy()  # at MAX_ID_BYTES already: the same slots
-        else:
-            larger._id_bitmap[:, 0::2] = _SPREAD_LOW[self._id_bitmap]
-            larger._id_bitmap[:, 1::2] = _SPREAD_HIGH[self._id_bitmap]
+        larger._bitmaps = _split_slots(self._bitmaps)
+        # At MAX_ID_BYTES already, the ids keep their slots.
+        same_ids = larger.id_slot_bits == self.id_slot_bits
+        larger._id_bitmap = self._id_bitmap.copy() if same_ids else _split_slots(self._id_bitmap)
         return larger
 
     def _slots(self, keys: np.ndarray) -> np.ndarray:
