@@ -16,7 +16,10 @@ was produced.
 With ``--natural N``, the service alone instead runs a backlog of the first N documents of ``bench growth``'s
 corpus (natural text: this machine's Debian package texts) and prints its rate per window of ``--window``
 records consumed, the decision process's microseconds per record in each window, and the last window's rate
-over the first's: a service whose cost grew with its index would fall behind its input as it filled.
+over the first's. Then the same documents arrive as a steady stream (``--steady-rate`` msg/s, by default 80 %
+of the backlog's mean rate), produced by another process, into a fresh index: each window prints the largest
+lag seen (records produced and not yet consumed). A service whose cost grew with its index would fall further
+behind its input as it filled.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import tempfile
 import time
@@ -64,13 +68,19 @@ def main(options: list[str], settings: Settings) -> int:
     parser.add_argument("--natural", type=int, default=0, help="run the service alone over N natural documents")
     parser.add_argument("--window", type=int, default=50_000, help="records per window with --natural")
     parser.add_argument(
+        "--steady-rate",
+        type=int,
+        default=0,
+        help="msg/s of the steady stream with --natural (default: 80 %% of the backlog's mean rate)",
+    )
+    parser.add_argument(
         "--corpus", type=Path, default=DEFAULT_CORPUS, help="bench growth's corpus; assembled if missing"
     )
     args = parser.parse_args(options)
 
     with bench_broker(args.bootstrap) as bootstrap:
         if args.natural:
-            return asyncio.run(_natural(settings, bootstrap, args.corpus, args.natural, args.window))
+            return asyncio.run(_natural(settings, bootstrap, args.corpus, args.natural, args.window, args.steady_rate))
         return asyncio.run(_bench(settings, bootstrap, args))
 
 
@@ -207,7 +217,9 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
 # ---------------------------------------------------------------------------------------------- natural text
 
 
-async def _natural(settings: Settings, bootstrap: str, corpus: Path, documents: int, window: int) -> int:
+async def _natural(
+    settings: Settings, bootstrap: str, corpus: Path, documents: int, window: int, steady_rate: int
+) -> int:
     ensure_corpus(corpus)
     lines, _, _ = read_corpus(corpus, documents)
     texts = [orjson.loads(line)["text"] for line in lines]
@@ -216,18 +228,134 @@ async def _natural(settings: Settings, bootstrap: str, corpus: Path, documents: 
         f"{np.mean([len(t) for t in texts]):.0f} chars on average, as a backlog",
         flush=True,
     )
+    values = [_value(t, _EPOCH + i) for i, t in enumerate(texts)]
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     try:
         with tempfile.TemporaryDirectory(prefix="bench-kafka-natural-") as work:
-            source, sink = await _topics(bootstrap, prefix, "natural-in", "natural-out")
-            await _produce(bootstrap, source, [_value(t, _EPOCH + i) for i, t in enumerate(texts)])
+            source, sink, steady_source, steady_sink = await _topics(
+                bootstrap, prefix, "natural-in", "natural-out", "steady-in", "steady-out"
+            )
+            await _produce(bootstrap, source, values)
             rates = await _windowed(settings, bootstrap, source, sink, len(texts), Path(work) / "index", window)
+            for number, (consumed, rate, deciding) in enumerate(rates, start=1):
+                print(
+                    f"window {number:>3}: {rate:>8,.0f} msg/s, {consumed:>9,} consumed, "
+                    f"{deciding:>5.1f} us/doc deciding"
+                )
+            print(f"last window / first window msg/s: {rates[-1][1] / rates[0][1]:.2f}", flush=True)
+
+            befores = [0, *(consumed for consumed, _, _ in rates[:-1])]
+            mean = len(texts) / sum(
+                (consumed - before) / rate for (consumed, rate, _), before in zip(rates, befores, strict=True)
+            )
+            steady_rate = steady_rate or max(100, int(0.8 * mean) // 100 * 100)
+            print(f"the same documents as a steady stream of {steady_rate:,} msg/s, into a fresh index", flush=True)
+            lags, drain = await _steady(
+                settings, bootstrap, steady_source, steady_sink, values, steady_rate, Path(work) / "steady", window
+            )
     finally:
         await _delete_topics(bootstrap, prefix)
-    for number, (consumed, rate, deciding) in enumerate(rates, start=1):
-        print(f"window {number:>3}: {rate:>8,.0f} msg/s, {consumed:>9,} consumed, {deciding:>5.1f} us/doc deciding")
-    print(f"last window / first window msg/s: {rates[-1][1] / rates[0][1]:.2f}")
+    for number, (consumed, rate, lag, deciding, batch) in enumerate(lags, start=1):
+        print(
+            f"steady window {number:>3}: {rate:>8,.0f} msg/s, {consumed:>9,} consumed, lag at most {lag:>7,} "
+            f"records ({lag / steady_rate:.2f} s of input), {deciding:>5.1f} us/doc deciding, "
+            f"batches of {batch:,.0f}"
+        )
+    print(
+        f"largest lag, last window / first window: {lags[-1][2]:,} / {lags[0][2]:,} records; the last record "
+        f"consumed {drain:.2f} s after it was produced"
+    )
     return 0
+
+
+async def _steady(
+    settings: Settings,
+    bootstrap: str,
+    source: str,
+    sink: str,
+    values: list[bytes],
+    rate: int,
+    index: Path,
+    window: int,
+) -> tuple[list[tuple[int, float, int, float, float]], float]:
+    """The service over ``values`` produced at ``rate`` msg/s by another process (so that producing does not
+    share the service's event loop): (records consumed, msg/s, the largest lag seen, microseconds the decision
+    process spent per record, records per batch) at the end of each ``window`` records consumed, and the
+    seconds from the last
+    record produced to its consumption. The first record is produced alone, and the stream starts once it
+    is consumed: the group has joined."""
+    service = DedupService(_service_settings(settings, bootstrap, source, sink, index))
+    deciding = f"{METRIC_PREFIX}{Stage.INDEX_LOOKUP.value}_duration_seconds"
+    context = multiprocessing.get_context("spawn")
+    produced = context.Value("q", 0, lock=False)
+    finished = context.Value("d", 0.0, lock=False)
+    windows: list[tuple[int, float, int, float, float]] = []
+    with collecting_for_batches():
+        async with service, asyncio.timeout(3600):
+            await _produce(bootstrap, source, values[:1])
+            while service.stats.consumed < 1:
+                await asyncio.sleep(0.01)
+            producer = context.Process(
+                target=_produce_steadily, args=(bootstrap, source, values[1:], rate, produced, finished)
+            )
+            producer.start()
+            try:
+                mark = (time.perf_counter(), service.stats.consumed, 0.0, 0.0)
+                lag = 0
+                while True:
+                    consumed, now = service.stats.consumed, time.perf_counter()
+                    lag = max(lag, produced.value + 1 - consumed)  # + the first record, produced alone
+                    if consumed - mark[1] >= window or consumed >= len(values):
+                        registry = service.metrics.registry
+                        decided = registry.get_sample_value(f"{deciding}_sum") or 0.0
+                        batches = registry.get_sample_value(f"{deciding}_count") or 0.0
+                        records = consumed - mark[1]
+                        windows.append(
+                            (
+                                consumed,
+                                records / (now - mark[0]),
+                                lag,
+                                (decided - mark[2]) / records * 1e6,
+                                records / max(1.0, batches - mark[3]),
+                            )
+                        )
+                        mark, lag = (now, consumed, decided, batches), 0
+                    if consumed >= len(values):
+                        break
+                    await asyncio.sleep(0.005)
+                consumed_at = time.time()
+            finally:
+                await asyncio.to_thread(producer.join, 30)
+                if producer.is_alive():
+                    producer.kill()
+    if producer.exitcode != 0:
+        raise RuntimeError(f"the steady producer exited with {producer.exitcode}")
+    # The last record can be consumed before its producer has noted its acknowledgement.
+    return windows, max(0.0, consumed_at - finished.value)
+
+
+def _produce_steadily(bootstrap: str, topic: str, values: list[bytes], rate: int, produced: Any, finished: Any) -> None:
+    """Produce ``values`` at ``rate`` msg/s, in record batches every few milliseconds, counting them in
+    ``produced`` as they are acknowledged; ``finished`` is the wall-clock time the last one was."""
+
+    async def stream() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, max_batch_size=1_048_576)
+        await producer.start()
+        try:
+            started, sent = time.perf_counter(), 0
+            while sent < len(values):
+                due = min(len(values), int((time.perf_counter() - started) * rate) + 1)
+                if due > sent:
+                    records = [OutgoingRecord(topic, value, None, ()) for value in values[sent:due]]
+                    await asyncio.gather(*await send_batched(producer, records, 1_048_576))
+                    sent = due
+                    produced.value = sent
+                await asyncio.sleep(0.005)
+            finished.value = time.time()
+        finally:
+            await producer.stop()
+
+    asyncio.run(stream())
 
 
 async def _windowed(

@@ -121,5 +121,41 @@ def test_natural_text_through_the_service_reports_each_window(
     assert all(0 < us < 100_000 for us in deciding)
     ratio = re.search(r"^last window / first window msg/s: ([\d.]+)$", out, re.MULTILINE)
     assert ratio and float(ratio[1]) == pytest.approx(rates[-1] / rates[0], rel=0.01, abs=0.01)
+
+    # Then the same documents as a steady stream, at 80 % of the backlog's mean rate (in hundreds).
+    # (The rates printed are rounded: the mean from them may fall on the other side of a hundred.)
+    windows_seconds = [
+        (after - before) / rate for before, after, rate in zip([0, *consumed], consumed, rates, strict=False)
+    ]
+    mean = 3000 / sum(windows_seconds)
+    steady_rate = re.search(r"^the same documents as a steady stream of ([\d,]+) msg/s", out, re.MULTILINE)
+    assert steady_rate and int(steady_rate[1].replace(",", "")) % 100 == 0
+    assert int(steady_rate[1].replace(",", "")) == pytest.approx(max(100, 0.8 * mean), abs=101)
+    steady = re.findall(
+        r"^steady window +(\d+): +([\d,]+) msg/s, +([\d,]+) consumed, lag at most +([\d,]+) records "
+        r"\(([\d.]+) s of input\), +([\d.]+) us/doc deciding, batches of ([\d,]+)$",
+        out,
+        re.MULTILINE,
+    )
+    assert [int(found[0]) for found in steady] == list(range(1, len(steady) + 1))
+    steady_consumed = [int(found[2].replace(",", "")) for found in steady]
+    assert steady_consumed[-1] == 3000 and all(
+        later - earlier >= 1000 for earlier, later in itertools.pairwise(steady_consumed[:-1])
+    )
+    lags = [int(found[3].replace(",", "")) for found in steady]
+    # Produced and not yet consumed: never more than the stream, and more than nothing at some moment (a
+    # record is consumed only after it was produced, and each window's batches take milliseconds).
+    assert all(0 <= lag <= 3000 for lag in lags) and max(lags) > 0
+    for found, lag in zip(steady, lags, strict=True):
+        assert float(found[4]) == pytest.approx(lag / int(steady_rate[1].replace(",", "")), abs=0.006)
+    # Batches of at most the 100 records a batch was limited to.
+    assert all(1 <= int(found[6].replace(",", "")) <= 100 for found in steady)
+    last = re.search(
+        r"^largest lag, last window / first window: ([\d,]+) / ([\d,]+) records; the last record consumed "
+        r"([\d.]+) s after it was produced$",
+        out,
+        re.MULTILINE,
+    )
+    assert last and (int(last[1].replace(",", "")), int(last[2].replace(",", ""))) == (lags[-1], lags[0])
     leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
     assert leftover == set()
