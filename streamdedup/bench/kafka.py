@@ -326,16 +326,23 @@ async def _steady(
                         mark, lag = (now, consumed, decided, batches), 0
                     if consumed >= len(values):
                         break
+                    _check_exit(producer, running=True)
                     await asyncio.sleep(0.005)
                 consumed_at = time.time()
             finally:
                 await asyncio.to_thread(producer.join, 30)
                 if producer.is_alive():
                     producer.kill()
-    if producer.exitcode != 0:
-        raise RuntimeError(f"the steady producer exited with {producer.exitcode}")
+    _check_exit(producer, running=False)
     # The last record can be consumed before its producer has noted its acknowledgement.
     return windows, max(0.0, consumed_at - finished.value)
+
+
+def _check_exit(producer: multiprocessing.process.BaseProcess, *, running: bool) -> None:
+    """Raise if the producer process failed (or, once it should have ended, if it has not ended well): a stream
+    that stopped short would leave the service waiting for records that never come."""
+    if producer.exitcode not in ((None, 0) if running else (0,)):
+        raise RuntimeError(f"the steady producer exited with {producer.exitcode}")
 
 
 def _produce_steadily(bootstrap: str, topic: str, values: list[bytes], rate: int, produced: Any, finished: Any) -> None:

@@ -3,12 +3,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import multiprocessing
 import re
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from streamdedup.bench.kafka import main
+from streamdedup.bench.kafka import _check_exit, main
 from streamdedup.kafka.admin import admin_client
 from streamdedup.settings import Settings, load_settings
 from tests.bench.test_growth import _small_corpus
@@ -164,3 +167,24 @@ def test_natural_text_through_the_service_reports_each_window(
     )
     leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
     assert leftover == set()
+
+
+def test_a_steady_producer_that_failed_ends_the_run_instead_of_leaving_it_waiting() -> None:
+    context = multiprocessing.get_context("spawn")
+    failed, finished = context.Process(target=sys.exit, args=(3,)), context.Process(target=sys.exit, args=(0,))
+    for process in (failed, finished):
+        process.start()
+        process.join(30)
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        _check_exit(failed, running=True)
+    _check_exit(finished, running=True)
+    _check_exit(finished, running=False)
+    waiting = context.Process(target=time.sleep, args=(30,))
+    waiting.start()
+    try:
+        _check_exit(waiting, running=True)  # still producing
+        with pytest.raises(RuntimeError, match="exited with None"):
+            _check_exit(waiting, running=False)
+    finally:
+        waiting.kill()
+        waiting.join()
