@@ -284,12 +284,11 @@ async def _steady(
 ) -> tuple[list[tuple[int, float, int, float, float]], float]:
     """The service over ``values`` produced at ``rate`` msg/s by another process (so that producing does not
     share the service's event loop): (records consumed, msg/s, the largest lag seen, microseconds the decision
-    process spent per record, records per batch) at the end of each ``window`` records consumed, and the
-    seconds from the last
-    record produced to its consumption. The first record is produced alone, and the stream starts once it
-    is consumed: the group has joined."""
+    process spent per record, records per batch, one Kafka transaction each) at the end of each ``window``
+    records consumed, and the seconds from the last record produced to its consumption. The first record is
+    produced alone, and the stream starts once it is consumed: the group has joined."""
     service = DedupService(_service_settings(settings, bootstrap, source, sink, index))
-    deciding = f"{METRIC_PREFIX}{Stage.INDEX_LOOKUP.value}_duration_seconds"
+    deciding = f"{METRIC_PREFIX}{Stage.INDEX_LOOKUP.value}_duration_seconds_sum"
     context = multiprocessing.get_context("spawn")
     produced = context.Value("q", 0, lock=False)
     finished = context.Value("d", 0.0, lock=False)
@@ -304,15 +303,20 @@ async def _steady(
             )
             producer.start()
             try:
-                mark = (time.perf_counter(), service.stats.consumed, 0.0, 0.0)
+                mark = (
+                    time.perf_counter(),
+                    service.stats.consumed,
+                    service.metrics.registry.get_sample_value(deciding) or 0.0,
+                    service.stats.transactions,
+                )
                 lag = 0
                 while True:
-                    consumed, now = service.stats.consumed, time.perf_counter()
+                    # Counted together as each batch is published: a window's records and its transactions.
+                    consumed, batches, now = service.stats.consumed, service.stats.transactions, time.perf_counter()
                     lag = max(lag, produced.value + 1 - consumed)  # + the first record, produced alone
                     if consumed - mark[1] >= window or consumed >= len(values):
                         registry = service.metrics.registry
-                        decided = registry.get_sample_value(f"{deciding}_sum") or 0.0
-                        batches = registry.get_sample_value(f"{deciding}_count") or 0.0
+                        decided = registry.get_sample_value(deciding) or 0.0
                         records = consumed - mark[1]
                         windows.append(
                             (
@@ -320,7 +324,7 @@ async def _steady(
                                 records / (now - mark[0]),
                                 lag,
                                 (decided - mark[2]) / records * 1e6,
-                                records / max(1.0, batches - mark[3]),
+                                records / (batches - mark[3]),
                             )
                         )
                         mark, lag = (now, consumed, decided, batches), 0
