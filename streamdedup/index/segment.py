@@ -380,17 +380,8 @@ class SegmentIndex:
         each is stored as a batch of its own in the same transaction, so a rollback to the offsets between two
         parts undoes the later ones whole (one undo record each)."""
         batch = Batch.checked(self._lookup, ids, fps, times, payloads, origins, keys)
-        if parts is None:
-            self._write(lambda txn: self._writes.add(txn, batch, source_offsets))
-            return
-
-        def work(txn: Any) -> None:
-            start = 0
-            for end, offsets in parts:
-                self._writes.add(txn, batch.subset(np.arange(start, end)), offsets)
-                start = end
-
-        self._write(work)
+        batch_parts = [(len(batch), source_offsets)] if parts is None else parts
+        self._write(lambda txn: self._writes.add(txn, batch, batch_parts))
 
     # ----------------------------------------------------------------- removal, expiry, rollback
 

@@ -55,7 +55,7 @@ class Batch:
     times: np.ndarray
     payloads: np.ndarray
     origins: list[tuple[str, int, int] | None]
-    keys: TableKeys
+    keys: TableKeys | None
 
     @classmethod
     def checked(
@@ -114,7 +114,14 @@ class Batch:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def subset(self, rows: np.ndarray) -> Batch:
+    @property
+    def table_keys(self) -> TableKeys:
+        if self.keys is None:
+            raise ValueError("these rows of a batch were taken without their table keys")
+        return self.keys
+
+    def subset(self, rows: np.ndarray, *, keyed: bool = True) -> Batch:
+        """These rows alone; with their table keys only if ``keyed`` (taking those reads every table's rows)."""
         at = rows.tolist()
         return Batch(
             [self.ids[i] for i in at],
@@ -123,8 +130,27 @@ class Batch:
             self.times[rows],
             self.payloads[rows],
             [self.origins[i] for i in at],
-            self.keys.subset(rows),
+            self.table_keys.subset(rows) if keyed else None,
         )
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Table rows of stored entries: their ``keys``, which of them are ``placed`` (stored: keyed, with room in
+    their key), and the entry keys ``seqs`` of the rows of ``keys``, row for row."""
+
+    keys: TableKeys
+    seqs: np.ndarray
+    placed: np.ndarray
+
+
+def _last_of_each_id(ids: list[str], start: int, end: int) -> np.ndarray:
+    """Rows ``start``..``end`` of a batch, of each id there only the last: it wins, like a re-add in a later batch."""
+    part = ids[start:end]
+    if len(set(part)) == len(part):
+        return np.arange(start, end)
+    last = {x: i for i, x in enumerate(part)}
+    return start + np.array(sorted(last.values()), dtype=np.intp)
 
 
 class Writes:
@@ -154,47 +180,94 @@ class Writes:
         self.max_entries = max_entries
         self.key_capacity = key_capacity
 
-    def add(self, txn: Any, batch: Batch, source_offsets: Mapping[tuple[str, int], int] | None) -> None:
-        """Store a batch (a re-added id replaces its entry) and the source offsets after it."""
-        ids = batch.ids
-        n = len(ids)
-        if n:
-            if len(set(ids)) != n:
-                # The last occurrence of an id in a batch wins, like a re-add in a later batch.
-                last = {x: i for i, x in enumerate(ids)}
-                batch = batch.subset(np.array(sorted(last.values()), dtype=np.intp))
-            id_keys = keys_of_ids(batch.id_bytes)
-            undo = Undo(
-                self.store.counter(txn, META_NEXT_SEQ),
-                self.store.counter(txn, META_COUNT),
-                txn.get(META_CLOCK, db=self.store.meta),
-                txn.get(META_CLOCK_WINDOW, db=self.store.meta),
-                [],
-                [],
-                [],
-                {},
-                [],
+    def add(self, txn: Any, batch: Batch, parts: Sequence[tuple[int, Mapping[tuple[str, int], int] | None]]) -> None:
+        """Store a batch (a re-added id replaces its entry) in consecutive parts, given as (end row, source
+        offsets after it), each as a batch of its own: its entries, undo record, clock, expiry and source offsets,
+        so that a rollback to the offsets between two parts undoes the later ones whole. On an entry-valued index
+        the table rows of every part are staged or merged together, with the last part's entries, as one batch's:
+        each table's work is paid once, not once a part (until then nothing reads them, and the rows of an entry
+        that a later part replaces or evicts stay until a sweep as they would have). A fold-valued table's rows go
+        with their part, since an entry that a later part replaces or evicts takes its folds' rows with it."""
+        ends = [end for end, _ in parts]
+        part_rows = [_last_of_each_id(batch.ids, start, end) for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+        rows = np.concatenate(part_rows) if part_rows else np.zeros(0, dtype=np.intp)
+        together: _Rows | None = None
+        if self.fmt.entry_valued and len(rows):
+            keys = batch.table_keys.subset(rows)
+            # Placed before anything of the batch is stored: the rows its keys held when looked up count.
+            first_seq = self.store.counter(txn, META_NEXT_SEQ)
+            together = _Rows(
+                keys, np.arange(first_seq, first_seq + len(rows), dtype=np.uint64), self._placed(txn, keys)
             )
-            _, existing = self.lookup.entries_of_ids(txn, batch.id_bytes)
-            if len(existing):
-                self.expiry.remove(txn, existing, undo)
-            self._insert(txn, batch, id_keys, undo)
-            window = np.concatenate([self.store.clock_window(txn), batch.times])[-CLOCK_WINDOW:]
-            txn.put(META_CLOCK_WINDOW, window.tobytes(), db=self.store.meta)
-            clock = max(float(np.median(window)), self.store.clock(txn))
-            txn.put(META_CLOCK, np.float64(clock).tobytes(), db=self.store.meta)
-            if self.max_age is not None:
-                self.expiry.expire(txn, clock - self.max_age, undo)
-            if self.max_entries is not None:
-                self.expiry.evict(txn, self.max_entries, undo)
-            self.undo.save(txn, undo)
-            # After the undo record: the rows of entries it may restore stay.
-            self.expiry.sweep_hashed(txn)
-        if source_offsets:
-            self.store.put_source_offsets(txn, source_offsets)
+            stored_counts = np.bincount(keys.rows[together.placed], minlength=len(rows))
+        last = max((at for at, part in enumerate(part_rows) if len(part)), default=-1)
+        done = 0
+        for at, (rows_of_part, (_, offsets)) in enumerate(zip(part_rows, parts, strict=True)):
+            if len(rows_of_part):
+                if together is not None:
+                    part = batch.subset(rows_of_part, keyed=False)
+                    counts = stored_counts[done : done + len(part)]
+                    table_keys = together.keys.keys if done == 0 else together.keys.keys[:, :0]
+                    self._add_part(txn, part, counts, table_keys, together if at == last else None)
+                else:
+                    part = batch.subset(rows_of_part)
+                    part_keys = part.table_keys
+                    placed = self._placed(txn, part_keys)
+                    counts = np.bincount(part_keys.rows[placed], minlength=len(part))
+                    seqs = self.store.counter(txn, META_NEXT_SEQ) + np.arange(len(part), dtype=np.uint64)
+                    self._add_part(txn, part, counts, part_keys.keys, _Rows(part_keys, seqs, placed))
+                done += len(rows_of_part)
+            if offsets:
+                self.store.put_source_offsets(txn, offsets)
 
-    def _insert(self, txn: Any, batch: Batch, id_keys: list[bytes], undo: Undo) -> None:
-        """Store a batch's entries (ids distinct, none stored), keyed ``id_keys``."""
+    def _add_part(
+        self, txn: Any, batch: Batch, stored_counts: np.ndarray, table_keys: np.ndarray, rows: _Rows | None
+    ) -> None:
+        """Store one part (ids distinct): its entries, each with the count of table rows it has (``stored_counts``),
+        ``table_keys`` in the key filter, and ``rows`` (this part's table rows, or every part's)."""
+        id_keys = keys_of_ids(batch.id_bytes)
+        undo = Undo(
+            self.store.counter(txn, META_NEXT_SEQ),
+            self.store.counter(txn, META_COUNT),
+            txn.get(META_CLOCK, db=self.store.meta),
+            txn.get(META_CLOCK_WINDOW, db=self.store.meta),
+            [],
+            [],
+            [],
+            {},
+            [],
+        )
+        _, existing = self.lookup.entries_of_ids(txn, batch.id_bytes)
+        if len(existing):
+            self.expiry.remove(txn, existing, undo)
+        seqs, seq_keys = self._insert_entries(txn, batch, stored_counts)
+        # Before the next part looks its ids up.
+        self.cached.keys_added(txn, table_keys, id_keys)
+        if rows is not None:
+            # Before the undo record: a sweep at this merge turn keeps the rows that records may restore.
+            self._insert_rows(txn, rows)
+        self._insert_times(txn, batch, undo, seqs, seq_keys)
+        window = np.concatenate([self.store.clock_window(txn), batch.times])[-CLOCK_WINDOW:]
+        txn.put(META_CLOCK_WINDOW, window.tobytes(), db=self.store.meta)
+        clock = max(float(np.median(window)), self.store.clock(txn))
+        txn.put(META_CLOCK, np.float64(clock).tobytes(), db=self.store.meta)
+        if self.max_age is not None:
+            self.expiry.expire(txn, clock - self.max_age, undo)
+        if self.max_entries is not None:
+            self.expiry.evict(txn, self.max_entries, undo)
+        self.undo.save(txn, undo)
+        # After the undo record: the rows of entries it may restore stay.
+        self.expiry.sweep_hashed(txn)
+
+    def _placed(self, txn: Any, batch_keys: TableKeys) -> np.ndarray:
+        """(tables, n): which of the batch's table rows are stored: its keyed positions with room in their key."""
+        placed = batch_keys.keyed_positions()
+        if self.key_capacity is not None:
+            placed &= self._within_capacity(txn, batch_keys)
+        return placed
+
+    def _insert_entries(self, txn: Any, batch: Batch, stored_counts: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
+        """Store a batch's entries (ids distinct, none stored); returns their entry keys, as numbers and bytes."""
         fps, times, origins = batch.fps, batch.times, batch.origins
         n = len(fps)
         first_seq = self.store.counter(txn, META_NEXT_SEQ)
@@ -229,36 +302,12 @@ class Writes:
         with txn.cursor(self.store.entries) as cursor:
             cursor.putmulti(zip(seq_keys, self.fmt.records.encode(head, batch.id_bytes), strict=True), append=True)
         self.lookup.ids.add(txn, batch.id_bytes, seqs)
-        batch_keys = batch.keys
-        stored_rows = batch_keys.keyed_positions()
-        if self.key_capacity is not None:
-            # Counted before anything of this batch is staged or merged.
-            stored_rows &= self._within_capacity(txn, batch_keys)
-        keys_stored = np.bincount(batch_keys.rows[stored_rows], minlength=n)
-        self.lookup.contents.add(txn, fps.reshape(n, self.fmt.words), head["payload"], seqs, keys_stored)
-        self.cached.keys_added(txn, batch_keys.keys, id_keys)
-        if not self.fmt.entry_valued:
-            folds = batch_keys.folds
-            # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
-            order = np.argsort(folds)
-            with txn.cursor(self.store.folds) as cursor:
-                cursor.putmulti(zip(seq_bytes(folds[order]), seq_bytes(seqs[order]), strict=True))
-        # Rows are staged; one table in turn takes its staged rows and this batch's (see the module docstring).
-        turn = self.store.counter(txn, META_NEXT_MERGE)
-        turn_round, merged = divmod(turn, len(self.store.tables))
-        for table in range(len(self.store.tables)):
-            wanted = stored_rows[table]
-            keys = batch_keys.keys[table][wanted]
-            values = (seqs[batch_keys.rows[table]] if self.fmt.entry_valued else batch_keys.values[table])[wanted]
-            if table == merged and self.store.tables[table].merge_due(
-                txn,
-                len(self.cached.staged(txn)[table]) + len(keys),
-                may_rewrite=self._may_rewrite(txn, turn_round, table),
-            ):
-                self._merge(txn, table, keys, values)
-            else:
-                self.staging.stage(txn, table, first_seq, keys, values)
-        self.store.put_counter(txn, META_NEXT_MERGE, turn + 1)
+        self.lookup.contents.add(txn, fps.reshape(n, self.fmt.words), head["payload"], seqs, stored_counts)
+        return seqs, seq_keys
+
+    def _insert_times(self, txn: Any, batch: Batch, undo: Undo, seqs: np.ndarray, seq_keys: list[bytes]) -> None:
+        """The ``times`` rows of a batch's stored entries, and the counts of entries given out and held."""
+        times, n, first_seq = batch.times, len(seqs), int(seqs[0])
         # One row per (time bucket, batch): the batch's entry keys in that bucket as (start, stop) runs.
         buckets = time_buckets(times, self.fmt.time_bucket)
         order = np.argsort(buckets, kind="stable")
@@ -273,6 +322,32 @@ class Writes:
             txn.put(key, np.stack([starts, stops], axis=1).astype(U64).tobytes(), db=self.store.times)
         self.store.put_counter(txn, META_NEXT_SEQ, first_seq + n)
         self.store.put_counter(txn, META_COUNT, self.store.counter(txn, META_COUNT) + n)
+
+    def _insert_rows(self, txn: Any, rows: _Rows) -> None:
+        """Store table rows, staged under their first entry key, or merged at their table's turn."""
+        batch_keys, seqs, placed = rows.keys, rows.seqs, rows.placed
+        if not self.fmt.entry_valued:
+            folds = batch_keys.folds
+            # Key order lets LMDB's cursor stay on the current leaf page between neighbouring puts.
+            order = np.argsort(folds)
+            with txn.cursor(self.store.folds) as cursor:
+                cursor.putmulti(zip(seq_bytes(folds[order]), seq_bytes(seqs[order]), strict=True))
+        # Rows are staged; one table in turn takes its staged rows and this batch's (see the module docstring).
+        turn = self.store.counter(txn, META_NEXT_MERGE)
+        turn_round, merged = divmod(turn, len(self.store.tables))
+        for table in range(len(self.store.tables)):
+            wanted = placed[table]
+            keys = batch_keys.keys[table][wanted]
+            values = (seqs[batch_keys.rows[table]] if self.fmt.entry_valued else batch_keys.values[table])[wanted]
+            if table == merged and self.store.tables[table].merge_due(
+                txn,
+                len(self.cached.staged(txn)[table]) + len(keys),
+                may_rewrite=self._may_rewrite(txn, turn_round, table),
+            ):
+                self._merge(txn, table, keys, values)
+            else:
+                self.staging.stage(txn, table, int(seqs[0]), keys, values)
+        self.store.put_counter(txn, META_NEXT_MERGE, turn + 1)
 
     def _may_rewrite(self, txn: Any, turn_round: int, table: int) -> bool:
         """Whether the table's turn in this round may merge all its runs into one: in its own round of
