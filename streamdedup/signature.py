@@ -92,6 +92,9 @@ class Signatures:
     @property
     def indexable(self) -> np.ndarray:
         """Texts with features and without an error: the ones that can be looked up and stored."""
+        if self.errors.count(None) == len(self.errors):
+            # The common batch, without an error: no Python step per text.
+            return ~self.empty
         failed = np.fromiter((error is not None for error in self.errors), dtype=bool, count=len(self.errors))
         return ~(self.empty | failed)
 
