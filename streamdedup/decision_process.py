@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,12 @@ _Decision = tuple[list[_DocumentRow], Mapping[tuple[str, int], int], Signatures 
 _MOST_BATCHES_TOGETHER = 8
 
 
+def _unsigned(verdicts: Verdicts) -> Verdicts:
+    """The verdicts of a batch its caller signed, without the fingerprints it has already (the largest column by
+    far: sent back through the pipe, they kept the decisions waiting on its reader)."""
+    return replace(verdicts, fingerprints=verdicts.fingerprints[:, :0])
+
+
 class _DecisionCore:
     """What runs where the index is open: the index and the deduplicator over it. The worker process is sent its
     methods themselves (functions of the class, importable, so they pickle), called with the core as ``self``."""
@@ -69,7 +76,11 @@ class _DecisionCore:
         verdicts = self.dedup.decide(docs, signatures=signatures, part_offsets=part_offsets)
         timings = self.dedup.last_timings
         parts = verdicts.split([len(rows) for rows, _, _ in batches])
-        return [(part, timings.share(len(part) / max(len(docs), 1), len(batches))) for part in parts]
+        share = len(batches)
+        return [
+            (part if signed is None else _unsigned(part), timings.share(len(part) / max(len(docs), 1), share))
+            for part, (_, _, signed) in zip(parts, batches, strict=True)
+        ]
 
     @served_together(decide_together, most=_MOST_BATCHES_TOGETHER)
     def decide(
@@ -78,7 +89,7 @@ class _DecisionCore:
         """A batch's decision; in the worker process, batches queued behind one being decided are decided together."""
         docs = [Document(*row) for row in rows]
         verdicts = self.dedup.decide(docs, source_offsets=source_offsets, signatures=signatures)
-        return verdicts, self.dedup.last_timings
+        return _unsigned(verdicts) if signatures is not None else verdicts, self.dedup.last_timings
 
     def source_offsets(self) -> dict[tuple[str, int], int]:
         return self.index.source_offsets()
@@ -178,11 +189,15 @@ class DecisionProcess(Lifecycle):
         signed = signatures is not None
         rows = [(doc.id, "" if signed else doc.text, doc.time, doc.origin) for doc in docs]
         decision = self._submit("decide", rows, dict(source_offsets), signatures)
-        return asyncio.ensure_future(self._verdicts(decision))
+        return asyncio.ensure_future(self._verdicts(decision, signatures))
 
-    async def _verdicts(self, decision: asyncio.Future[Any]) -> tuple[Verdicts, BatchTimings]:
-        result: tuple[Verdicts, BatchTimings] = await self._died_as_decision_process("decide", decision)
-        return result
+    async def _verdicts(
+        self, decision: asyncio.Future[Any], signatures: Signatures | None
+    ) -> tuple[Verdicts, BatchTimings]:
+        verdicts, timings = await self._died_as_decision_process("decide", decision)
+        if signatures is not None:
+            verdicts = replace(verdicts, fingerprints=signatures.fingerprints)
+        return verdicts, timings
 
     async def source_offsets(self) -> dict[tuple[str, int], int]:
         offsets: dict[tuple[str, int], int] = await self._call("source_offsets")
