@@ -643,8 +643,17 @@ class Deduplicator:
         query = rows[found.rows]
         checked = np.zeros(len(found), dtype=bool)
         settled = np.zeros(len(ids), dtype=bool)
+        # Each row's origin offset (-1 without one): only a candidate stored at the same offset can be its replay.
+        offsets = np.fromiter((-1 if origin is None else origin[2] for origin in origins), np.int64, len(origins))
         verified = partial(
-            self._verified, ids=ids, origins=origins, fps=fps, times=times, sketches=sketches, compared=compared
+            self._verified,
+            ids=ids,
+            origins=origins,
+            offsets=offsets,
+            fps=fps,
+            times=times,
+            sketches=sketches,
+            compared=compared,
         )
         passed: list[_Passed] = []
         limit = _FIRST_VERIFIED
@@ -706,6 +715,7 @@ class Deduplicator:
         *,
         ids: list[str],
         origins: list[tuple[str, int, int] | None],
+        offsets: np.ndarray,
         fps: np.ndarray,
         times: np.ndarray,
         sketches: np.ndarray,
@@ -724,11 +734,9 @@ class Deduplicator:
         candidates, jaccard = candidates[passing], jaccard[passing]
         rows = query[candidates]
         # A replayed record (the same origin) is not its own duplicate.
-        replayed = np.fromiter(
-            (origins[row] is not None and records.origin(i) == origins[row] for i, row in enumerate(rows.tolist())),
-            dtype=bool,
-            count=len(rows),
-        )
+        replayed = records.origin_rows["offset"] == offsets[rows]
+        for i in np.flatnonzero(replayed).tolist():
+            replayed[i] = records.origin(i) == origins[int(rows[i])]
         own = np.flatnonzero(~replayed)
         kept_after = self.index.kept_after(found.entries[candidates[own]])
         return _Passed(

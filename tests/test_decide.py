@@ -119,6 +119,9 @@ def test_replayed_document_is_not_its_own_duplicate(settings: Settings, tmp_path
         assert dedup.decide(batch, source_offsets={("t", 0): 6})[0].novel
         assert dedup.decide(batch)[0].novel
         assert index.source_offsets() == {("t", 0): 6}
+        # The same text at the same offset of another partition or topic is another record: a copy.
+        elsewhere = [Document("t-1-5", BASE, 0.0, ("t", 1, 5)), Document("u-0-5", BASE, 0.0, ("u", 0, 5))]
+        assert [(v.novel, v.match_id) for v in dedup.decide(elsewhere)] == [(False, "t-0-5"), (False, "t-0-5")]
 
 
 def test_an_id_from_another_origin_is_a_redelivery_whatever_its_text(settings: Settings, tmp_path: Path) -> None:
