@@ -205,7 +205,9 @@ class Writes:
         for at, (rows_of_part, (_, offsets)) in enumerate(zip(part_rows, parts, strict=True)):
             if len(rows_of_part):
                 if together is not None:
-                    part = batch.subset(rows_of_part, keyed=False)
+                    # A batch in one part, without repeated ids (the offline mode's), is stored as it is.
+                    whole = len(rows_of_part) == len(batch)
+                    part = batch if whole else batch.subset(rows_of_part, keyed=False)
                     counts = stored_counts[done : done + len(part)]
                     table_keys = together.keys.keys if done == 0 else together.keys.keys[:, :0]
                     self._add_part(txn, part, counts, table_keys, together if at == last else None)
