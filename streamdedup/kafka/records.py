@@ -4,8 +4,8 @@ how large a record each topic takes (a dead letter too large for its topic is cu
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
+from typing import NamedTuple
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -50,8 +50,10 @@ BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 _MAX_MESSAGE_BYTES = "max.message.bytes"
 
 
-@dataclass(frozen=True, slots=True)
-class OutgoingRecord:
+class OutgoingRecord(NamedTuple):
+    """A record to publish. A named tuple: one is built per record, several times cheaper than a frozen
+    dataclass."""
+
     topic: str
     value: bytes | None
     key: bytes | None
