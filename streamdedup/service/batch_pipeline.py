@@ -17,6 +17,7 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Future
 from functools import reduce
+from operator import attrgetter
 from typing import cast
 
 from aiokafka import TopicPartition
@@ -55,6 +56,7 @@ _UNPUBLISHED_BATCHES = 8
 _PAUSED_POLL_SECONDS = 1.0
 # The first duplicates the running totals keep as examples (the demo prints them).
 _EXAMPLES = 5
+_TOPIC = attrgetter("topic")
 
 # What a batch is retried after: a storage error (full map or disk), or the decision process dying.
 _RECOVERABLE: tuple[type[Exception], ...] = (*STORAGE_ERRORS, DecisionProcessDied)
@@ -452,8 +454,10 @@ class BatchPipeline:
     def _account(self, decided: Decided) -> None:
         records, outgoing, dead = decided.records, decided.outgoing, decided.dead
         stats = self._stats
+        # Topics counted by C loops (map, Counter): a generator step a record costs more than the counting.
+        consumed, published = Counter(map(_TOPIC, records)), Counter(map(_TOPIC, outgoing))
         stats.consumed += len(records)
-        stats.published += sum(1 for record in outgoing if record.topic == self._settings.kafka.output_topic)
+        stats.published += published[self._settings.kafka.output_topic]
         stats.transactions += 1
         for doc, verdict in decided.dropped:
             stats.dropped[verdict.reason] += 1
@@ -463,8 +467,8 @@ class BatchPipeline:
         stats.dead_lettered.update(dead_reasons)
         if dead:
             self._dead_letters.add(dead)
-        self._metrics.record_consumed(Counter(record.topic for record in records))
-        self._metrics.record_published(Counter(record.topic for record in outgoing))
+        self._metrics.record_consumed(consumed)
+        self._metrics.record_published(published)
         # The duplicates alone: iterating every verdict again would build a tuple per message for nothing.
         self._metrics.record_verdicts([verdict for _, verdict in decided.dropped])
         self._metrics.record_dead_lettered(dead_reasons)
