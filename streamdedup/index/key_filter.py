@@ -66,9 +66,9 @@ def _spread(nibble_shift: int) -> np.ndarray:
 
 
 # A byte's slots 8i..8i+7 split into slots 16i..16i+15: the low four bits fill the first new byte, the high four
-# the second. Both bytes come from one little-endian 16-bit word per byte value: one gather per byte of the
-# bitmaps, where a gather for each half and strided writes took four times as long (about a second for the
-# largest bitmaps, a pause of the batch that outgrows them).
+# the second. Both bytes come from one little-endian 16-bit word per byte value, gathered into a contiguous
+# array: a gather for each half written with strides costs four times as long (about a second at the largest
+# bitmaps, a pause of the batch that outgrows them).
 _SPREAD = (_spread(0).astype("<u2") | (_spread(4).astype("<u2") << 8)).astype("<u2")
 
 
