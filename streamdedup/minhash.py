@@ -94,7 +94,8 @@ class BottomK:
         distinct[1:] = keys[1:] != keys[:-1]
         keys = keys[distinct]
         values, owner = keys & _VALUE_MASK, (keys >> _VALUE_BITS).astype(np.int64)
-        rank = np.arange(len(keys)) - np.searchsorted(owner, owner)
+        # Each document's first key is searched for once, not once a key.
+        rank = np.arange(len(keys)) - np.searchsorted(owner, np.arange(documents))[owner]
         kept = rank < self.k
         result = np.full((documents, self.k), EMPTY_SLOT, dtype=SKETCH_DTYPE)
         result[owner[kept], rank[kept]] = values[kept]
