@@ -338,6 +338,9 @@ def test_a_doubled_filter_keeps_every_key_and_lets_few_absent_keys_through() -> 
     old_bits = np.unpackbits(key_filter._bitmaps, axis=1, bitorder="little")
     new_bits = np.unpackbits(doubled._bitmaps, axis=1, bitorder="little")
     assert np.array_equal(new_bits, np.repeat(old_bits, 2, axis=1))
+    old_id_bits = np.unpackbits(key_filter._id_bitmap, axis=1, bitorder="little")
+    new_id_bits = np.unpackbits(doubled._id_bitmap, axis=1, bitorder="little")
+    assert np.array_equal(new_id_bits, np.repeat(old_id_bits, 2, axis=1))
     more = rng.integers(0, 2**32, size=(2, MIN_CAPACITY), dtype=np.uint64)
     doubled.add(more, more[0])
     for table in range(2):
