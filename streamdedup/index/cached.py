@@ -244,6 +244,7 @@ class Cached:
         if self.key_filter is not None:
             # Bits set now stay set if the write aborts: harmless, a set bit only sends a key on to LMDB.
             self.key_filter.add(keys, id_hashes(id_keys))
+            self.key_filter.prepare(self.store.counter(txn, META_COUNT))
             self._txn.filtered.append((self.key_filter, keyed))
         if self._txn.mirror is not None:
             self._txn.mirror = self._txn.mirror.advanced(keyed + 1)

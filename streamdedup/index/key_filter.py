@@ -11,7 +11,11 @@ Outgrown by its index, it doubles in place of a rebuild from every stored entry:
 a hash, so the bit of slot s becomes the bits of both slots it splits into (2s and 2s + 1). Keys added before
 a doubling then hold two bits each; after k doublings about k/2 bits a key are set instead of one (under 8 %
 of absent keys pass after the five doublings from the smallest bitmaps to the largest, against 6 % when
-rebuilt), and no stored entry is read again.
+rebuilt), and no stored entry is read again. A writer prepares the doubling ahead (:meth:`KeyFilter.prepare`):
+from half its capacity on, each batch that adds keys splits one more slice of the bitmaps into the larger ones,
+and keys added meanwhile go into both (into the larger ones where they are split already), so that the batch
+that outgrows the bitmaps finds the larger ones ready rather than pausing to split them all (tens of
+milliseconds at the largest, and on some hosts several times that to touch their fresh memory).
 
 One more bitmap does the same for the ids of stored entries (over a hash of each id's key, see
 ``store.id_hashes``): most documents of a stream bring an id never seen, and a clear bit spares the read of the
@@ -54,6 +58,14 @@ MAX_ID_BYTES = 32 << 20
 # Keys per table added at once: with many more, the passes' scattered reads and writes fall out of cache (65,536
 # a table in one go took longer than np.bitwise_or.at; in blocks of this size, 10-20 % less).
 _ADD_BLOCK = 8192
+# A doubling is prepared from this share of the capacity on, a slice a batch in this many slices, each a run of
+# whole tables' bitmaps and a share of the ids': contiguous, so that each slice is also the first touch of only
+# its own share of the larger bitmaps' memory (numpy asks for huge pages, which some hosts are slow to provide,
+# and a slice across every table would touch them all). From a capacity of 262,144 on, where a doubling at once
+# pauses a batch, batches of up to 4,096 new entries take all the slices before the bitmaps are outgrown; what is
+# left when they are is split by the doubling itself.
+_PREPARE_FROM = 0.5
+_PREPARE_SLICES = 32
 
 
 def _spread(nibble_shift: int) -> np.ndarray:
@@ -132,6 +144,9 @@ class KeyFilter:
         self._shift = np.uint64(64 - self.slot_bits)
         self._bitmaps = np.zeros((tables, (1 << self.slot_bits) // 8), dtype=np.uint8)
         self._id_bitmap = np.zeros((1, (1 << self.id_slot_bits) // 8), dtype=np.uint8)
+        # The doubling being prepared (:meth:`prepare`), and how many of its slices are split into it.
+        self._larger: KeyFilter | None = None
+        self._split_slices = 0
 
     def useful(self, entries: int) -> bool:
         """Whether ``entries`` keys a table leave most of its bits clear (else nearly every key passes and
@@ -145,15 +160,48 @@ class KeyFilter:
     def doubled(self) -> KeyFilter | None:
         """The same filter with bitmaps twice as large (twice the capacity), every key added so far still
         present; None when larger bitmaps are not allowed or would hold the keys themselves (no hash bits to
-        split): then only a rebuild from the stored entries serves."""
-        larger = KeyFilter(self._key_bits, 2 * self.capacity, self.covers)
-        if self._identity or larger._identity or larger.slot_bits != self.slot_bits + 1:
+        split): then only a rebuild from the stored entries serves. What :meth:`prepare` has not split yet is
+        split now."""
+        if not self._splits():
             return None
-        larger._bitmaps = _split_slots(self._bitmaps)
-        # At MAX_ID_BYTES already, the ids keep their slots.
-        same_ids = larger.id_slot_bits == self.id_slot_bits
-        larger._id_bitmap = self._id_bitmap.copy() if same_ids else _split_slots(self._id_bitmap)
+        larger = self._larger if self._larger is not None else self._started_larger()
+        self._split_into(larger, _PREPARE_SLICES)
+        self._larger, self._split_slices = None, 0
+        larger.covers = self.covers
         return larger
+
+    def prepare(self, entries: int) -> None:
+        """With ``entries`` past half the capacity, split one more slice of the bitmaps into those of the next
+        doubling (a writer calls this once a batch that adds keys)."""
+        if self._larger is None and (entries < _PREPARE_FROM * self.capacity or not self._splits()):
+            return
+        larger = self._larger if self._larger is not None else self._started_larger()
+        self._split_into(larger, 1)
+
+    def _splits(self) -> bool:
+        """Whether a doubling splits hashed slots (larger bitmaps allowed, and still hashed)."""
+        return not self._identity and self.slot_bits < self._largest and self.slot_bits + 1 < max(self._key_bits)
+
+    def _started_larger(self) -> KeyFilter:
+        self._larger, self._split_slices = KeyFilter(self._key_bits, 2 * self.capacity, self.covers), 0
+        return self._larger
+
+    def _split_into(self, larger: KeyFilter, slices: int) -> None:
+        """Split up to ``slices`` more slices of the bitmaps into ``larger``'s (which holds nothing there yet)."""
+        done = self._split_slices
+        end = min(_PREPARE_SLICES, done + slices)
+        if done == end:
+            return
+        tables, ids = len(self._bitmaps), self._id_bitmap.shape[1]
+        rows = slice(done * tables // _PREPARE_SLICES, end * tables // _PREPARE_SLICES)
+        larger._bitmaps[rows] = _split_slots(self._bitmaps[rows])
+        id_start, id_end = done * ids // _PREPARE_SLICES, end * ids // _PREPARE_SLICES
+        if larger.id_slot_bits == self.id_slot_bits:
+            # At MAX_ID_BYTES already, the ids keep their slots.
+            larger._id_bitmap[:, id_start:id_end] = self._id_bitmap[:, id_start:id_end]
+        else:
+            larger._id_bitmap[:, 2 * id_start : 2 * id_end] = _split_slots(self._id_bitmap[:, id_start:id_end])
+        self._split_slices = end
 
     def _slots(self, keys: np.ndarray) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.uint64)
@@ -168,9 +216,25 @@ class KeyFilter:
         """Mark ``keys`` ((tables, n) uint64, row t holding table t's keys) and ids (their ``id_hashes``, see
         ``store.id_hashes``) as present."""
         keys = np.asarray(keys, dtype=np.uint64)
-        id_slots = self._id_slots(id_hashes).reshape(1, -1)
+        self._add(keys, id_hashes, len(keys), self._id_bitmap.shape[1])
+        larger = self._larger
+        if larger is not None:
+            # Only into the slices split already: the others get these bits when they are split, and setting
+            # them now would touch all of the larger bitmaps' memory at once.
+            tables, ids = len(self._bitmaps), self._id_bitmap.shape[1]
+            id_bytes = self._split_slices * ids // _PREPARE_SLICES
+            if larger.id_slot_bits != self.id_slot_bits:
+                id_bytes *= 2
+            larger._add(keys, id_hashes, self._split_slices * tables // _PREPARE_SLICES, id_bytes)
+
+    def _add(self, keys: np.ndarray, id_hashes: np.ndarray, tables: int, id_bytes: int) -> None:
+        """Set the bits of the first ``tables`` tables' keys, and those of the ids within the first ``id_bytes``
+        bytes of the ids' bitmap."""
         for start in range(0, keys.shape[1], _ADD_BLOCK):
-            _set_bits(self._bitmaps, self._slots(keys[:, start : start + _ADD_BLOCK]))
+            _set_bits(self._bitmaps[:tables], self._slots(keys[:tables, start : start + _ADD_BLOCK]))
+        id_slots = self._id_slots(id_hashes).reshape(1, -1)
+        if id_bytes < self._id_bitmap.shape[1]:
+            id_slots = id_slots[:, (id_slots[0] >> np.uint64(3)) < np.uint64(id_bytes)]
         for start in range(0, id_slots.shape[1], _ADD_BLOCK):
             _set_bits(self._id_bitmap, id_slots[:, start : start + _ADD_BLOCK])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -350,6 +351,57 @@ def test_a_doubled_filter_keeps_every_key_and_lets_few_absent_keys_through() -> 
     absent = absent[~np.isin(absent, np.concatenate([added[0], more[0]]))]
     # At capacity after one doubling: the old keys hold two bits each, 3/32 of the bits are set (about 9 % pass).
     assert abs(doubled.may_contain(0, absent).mean() - (1 - np.exp(-3 / (2 * BITS_PER_KEY)))) < 0.01
+
+
+def _split_bits(bitmaps: np.ndarray) -> np.ndarray:
+    return np.repeat(np.unpackbits(bitmaps, axis=1, bitorder="little"), 2, axis=1)
+
+
+def test_a_doubling_prepared_batch_by_batch_holds_every_key_and_leaves_nothing_to_split(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(11)
+    key_filter = KeyFilter([32, 32], capacity=MIN_CAPACITY, covers=5)
+    batch = MIN_CAPACITY // 64
+
+    def add_batch() -> np.ndarray:
+        keys = rng.integers(0, 2**32, size=(2, batch), dtype=np.uint64)
+        key_filter.add(keys, keys[1])
+        return keys
+
+    added = [add_batch() for _ in range(7)]
+    key_filter.prepare(MIN_CAPACITY // 2 - 1)  # below half the capacity: nothing is prepared
+    assert key_filter._larger is None
+    before = _split_bits(key_filter._bitmaps), _split_bits(key_filter._id_bitmap)
+    # From half the capacity on, each batch splits one more slice; keys added meanwhile go into both filters.
+    slices = key_filter_module._PREPARE_SLICES
+    for batch_number in range(slices):
+        key_filter.prepare(MIN_CAPACITY // 2 + batch_number * batch)
+        added.append(add_batch())
+        # What is not split yet is not written (not even touched) in the larger bitmaps: table 1 is the second
+        # half of the slices, the ids' bitmap a share in each.
+        larger = key_filter._larger
+        assert larger is not None
+        split_ids = 2 * (batch_number + 1) * key_filter._id_bitmap.shape[1] // slices
+        assert not larger._id_bitmap[:, split_ids:].any() and larger._id_bitmap[:, :split_ids].any()
+        assert larger._bitmaps[1].any() == (batch_number + 1 >= slices)
+    assert key_filter._split_slices == key_filter_module._PREPARE_SLICES
+    after = _split_bits(key_filter._bitmaps), _split_bits(key_filter._id_bitmap)
+    split = key_filter_module._split_slots
+    monkeypatch.setattr(key_filter_module, "_split_slots", mock_split := mock.Mock(side_effect=split))
+    doubled = key_filter.doubled()
+    assert doubled is not None and mock_split.call_count == 0  # all of it split ahead
+    assert doubled.covers == 5 and doubled.slot_bits == key_filter.slot_bits + 1
+    # Every key of every batch is in, and no bit is set that splitting the final bitmaps would not set.
+    keys = np.concatenate(added, axis=1)
+    for table in range(2):
+        assert doubled.may_contain(table, keys[table]).all()
+    assert doubled.may_hold_ids(keys[1]).all()
+    for now, at_start, at_end in zip((doubled._bitmaps, doubled._id_bitmap), before, after, strict=True):
+        bits = np.unpackbits(now, axis=1, bitorder="little").astype(bool)
+        assert (bits >= at_start.astype(bool)).all() and (bits <= at_end.astype(bool)).all()
+    # The next doubling starts afresh from the doubled filter.
+    assert doubled._larger is None and key_filter._larger is None
 
 
 def test_only_hashed_bitmaps_below_the_memory_cap_double() -> None:
