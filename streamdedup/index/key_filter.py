@@ -80,8 +80,8 @@ def _spread(nibble_shift: int) -> np.ndarray:
 # A byte's slots 8i..8i+7 split into slots 16i..16i+15: the low four bits fill the first new byte, the high four
 # the second. Bitmaps are read two bytes at a time, each little-endian 16-bit word gathering the 32-bit word it
 # becomes from a table of all 65,536 (256 KiB, which stays in cache): half the gathers of a table of bytes, into a
-# contiguous output (a gather for each half written with strides costs four times as long). The batch that
-# outgrows the bitmaps pauses for this: about 0.1 s at the largest.
+# contiguous output (a gather for each half written with strides costs four times as long): about 0.1 s for the
+# largest bitmaps in all, which a prepared doubling spreads over its slices.
 def _spread_word(byte_values: np.ndarray) -> np.ndarray:
     """Per byte: its eight bits doubled, as a little-endian 16-bit word."""
     return _spread(0).astype("<u2")[byte_values] | (_spread(4).astype("<u2")[byte_values] << 8)
