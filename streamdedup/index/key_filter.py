@@ -82,13 +82,9 @@ def _spread(nibble_shift: int) -> np.ndarray:
 # becomes from a table of all 65,536 (256 KiB, which stays in cache): half the gathers of a table of bytes, into a
 # contiguous output (a gather for each half written with strides costs four times as long): about 0.1 s for the
 # largest bitmaps in all, which a prepared doubling spreads over its slices.
-def _spread_word(byte_values: np.ndarray) -> np.ndarray:
-    """Per byte: its eight bits doubled, as a little-endian 16-bit word."""
-    return _spread(0).astype("<u2")[byte_values] | (_spread(4).astype("<u2")[byte_values] << 8)
-
-
-_WORDS = np.arange(1 << 16, dtype="<u4")
-_SPREAD = (_spread_word(_WORDS & 0xFF).astype("<u4") | (_spread_word(_WORDS >> 8).astype("<u4") << 16)).astype("<u4")
+_BYTE_SPREAD = _spread(0).astype("<u4") | (_spread(4).astype("<u4") << 8)  # per byte, its bits doubled
+_WORDS = np.arange(1 << 16)
+_SPREAD = (_BYTE_SPREAD[_WORDS & 0xFF] | (_BYTE_SPREAD[_WORDS >> 8] << 16)).astype("<u4")
 
 
 def _split_slots(bitmaps: np.ndarray) -> np.ndarray:
@@ -164,7 +160,7 @@ class KeyFilter:
         split now."""
         if not self._splits():
             return None
-        larger = self._larger if self._larger is not None else self._started_larger()
+        larger = self._larger_filter()
         self._split_into(larger, _PREPARE_SLICES)
         self._larger, self._split_slices = None, 0
         larger.covers = self.covers
@@ -175,16 +171,21 @@ class KeyFilter:
         doubling (a writer calls this once a batch that adds keys)."""
         if self._larger is None and (entries < _PREPARE_FROM * self.capacity or not self._splits()):
             return
-        larger = self._larger if self._larger is not None else self._started_larger()
-        self._split_into(larger, 1)
+        self._split_into(self._larger_filter(), 1)
 
     def _splits(self) -> bool:
         """Whether a doubling splits hashed slots (larger bitmaps allowed, and still hashed)."""
         return not self._identity and self.slot_bits < self._largest and self.slot_bits + 1 < max(self._key_bits)
 
-    def _started_larger(self) -> KeyFilter:
-        self._larger, self._split_slices = KeyFilter(self._key_bits, 2 * self.capacity, self.covers), 0
+    def _larger_filter(self) -> KeyFilter:
+        """The doubling being prepared, started now if none is."""
+        if self._larger is None:
+            self._larger, self._split_slices = KeyFilter(self._key_bits, 2 * self.capacity, self.covers), 0
         return self._larger
+
+    def _split_extent(self, slices: int) -> tuple[int, int]:
+        """The tables and the bytes of the ids' bitmap that the first ``slices`` slices cover."""
+        return slices * len(self._bitmaps) // _PREPARE_SLICES, slices * self._id_bitmap.shape[1] // _PREPARE_SLICES
 
     def _split_into(self, larger: KeyFilter, slices: int) -> None:
         """Split up to ``slices`` more slices of the bitmaps into ``larger``'s (which holds nothing there yet)."""
@@ -192,10 +193,8 @@ class KeyFilter:
         end = min(_PREPARE_SLICES, done + slices)
         if done == end:
             return
-        tables, ids = len(self._bitmaps), self._id_bitmap.shape[1]
-        rows = slice(done * tables // _PREPARE_SLICES, end * tables // _PREPARE_SLICES)
-        larger._bitmaps[rows] = _split_slots(self._bitmaps[rows])
-        id_start, id_end = done * ids // _PREPARE_SLICES, end * ids // _PREPARE_SLICES
+        (table_start, id_start), (table_end, id_end) = self._split_extent(done), self._split_extent(end)
+        larger._bitmaps[table_start:table_end] = _split_slots(self._bitmaps[table_start:table_end])
         if larger.id_slot_bits == self.id_slot_bits:
             # At MAX_ID_BYTES already, the ids keep their slots.
             larger._id_bitmap[:, id_start:id_end] = self._id_bitmap[:, id_start:id_end]
@@ -221,11 +220,9 @@ class KeyFilter:
         if larger is not None:
             # Only into the slices split already: the others get these bits when they are split, and setting
             # them now would touch all of the larger bitmaps' memory at once.
-            tables, ids = len(self._bitmaps), self._id_bitmap.shape[1]
-            id_bytes = self._split_slices * ids // _PREPARE_SLICES
-            if larger.id_slot_bits != self.id_slot_bits:
-                id_bytes *= 2
-            larger._add(keys, id_hashes, self._split_slices * tables // _PREPARE_SLICES, id_bytes)
+            tables, id_bytes = self._split_extent(self._split_slices)
+            same_ids = larger.id_slot_bits == self.id_slot_bits
+            larger._add(keys, id_hashes, tables, id_bytes if same_ids else 2 * id_bytes)
 
     def _add(self, keys: np.ndarray, id_hashes: np.ndarray, tables: int, id_bytes: int) -> None:
         """Set the bits of the first ``tables`` tables' keys, and those of the ids within the first ``id_bytes``
