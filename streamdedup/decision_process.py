@@ -28,7 +28,7 @@ from .settings import Settings
 from .signature import Signatures
 from .workers import WorkerDied, WorkerProcess, served_together
 
-__all__ = ["DecisionProcess", "DecisionProcessDied"]
+__all__ = ["MOST_BATCHES_TOGETHER", "DecisionProcess", "DecisionProcessDied"]
 
 
 class DecisionProcessDied(RuntimeError):
@@ -39,9 +39,9 @@ class DecisionProcessDied(RuntimeError):
 # one); verdicts as their columns.
 _DocumentRow = tuple[str, str, float, "tuple[str, int, int] | None"]
 _Decision = tuple[list[_DocumentRow], Mapping[tuple[str, int], int], Signatures | None]
-# Most batches decided together: the service has no more than this many fetched and unpublished, so this bounds
-# a group only where another caller queues more.
-_MOST_BATCHES_TOGETHER = 8
+MOST_BATCHES_TOGETHER = 8
+"""Most batches decided together: the service has no more than this many fetched and unpublished, so this bounds
+a group only where another caller queues more."""
 
 
 def _unsigned(verdicts: Verdicts) -> Verdicts:
@@ -82,7 +82,7 @@ class _DecisionCore:
             for part, (_, _, signed) in zip(parts, batches, strict=True)
         ]
 
-    @served_together(decide_together, most=_MOST_BATCHES_TOGETHER)
+    @served_together(decide_together, most=MOST_BATCHES_TOGETHER)
     def decide(
         self, rows: list[_DocumentRow], source_offsets: Mapping[tuple[str, int], int], signatures: Signatures | None
     ) -> tuple[Verdicts, BatchTimings]:

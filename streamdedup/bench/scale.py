@@ -11,6 +11,12 @@ document produced to the last out: the event loop (consume, sequence, and the de
 workers (sign), the decision process (decide, or follow as the standby); and the broker's. The decision process
 bounds the deployment: one decides everything, and the standby decides it again.
 
+The sequence topic of the largest deployment then goes through the decision step alone: one decision core in the
+bench's process, from an empty index, deciding the sequence records as a decider behind its input decides them
+(``MOST_BATCHES_TOGETHER`` at a time, in one call), with the signatures the sequencers made. It prints the CPU
+microseconds per document of those calls and the documents/s they make on one core: the bound of the one
+sequential step, which the deployments above, paced by their input on shared cores, do not reach.
+
 Then the fail-over: two instances run ``--failover-documents`` distinct documents (an index of as many entries),
 the standby follows the decider, the decider is killed (SIGKILL) and the seconds until a document produced at
 that moment comes out are measured: the decider group's session timeout, the takeover, and what is left to
@@ -41,11 +47,16 @@ import psutil
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from ..decide import Deduplicator, open_index
+from ..decision_process import MOST_BATCHES_TOGETHER
+from ..document import Document, DocumentDecoder
 from ..kafka.admin import admin_client, ensure_topics
 from ..kafka.producer import send_batched
 from ..kafka.records import OutgoingRecord
 from ..names import METRIC_PREFIX
+from ..service.origins import Origins
 from ..settings import Settings
+from ..signature import signing_id
 from .growth_corpus import DEFAULT_CORPUS, ensure_corpus, read_corpus
 from .host import StealClock, bench_broker, describe_steal, local_broker
 
@@ -110,11 +121,77 @@ async def _bench(settings: Settings, bootstrap: str, args: argparse.Namespace) -
                 f"|   |   | broker: {1e6 * broker_cpu / len(values):,.1f} us/doc; steal "
                 f"{describe_steal(steal.percent())} | | | |"
             )
+            if scaled_out and count == counts[-1]:
+                # Alone on the machine: the instances would share its cores and caches.
+                await deployment.stop()
+                await _decision_step(
+                    settings, bootstrap, deployment.topics["seq"], Path(work) / "decision-step", out.kept
+                )
             await deployment.delete()
             await _delete(bootstrap, [source])
         if args.failover_documents:
             await _failover(settings, bootstrap, Path(work) / "failover", args.failover_documents, args.partitions)
     return 0
+
+
+async def _decision_step(settings: Settings, bootstrap: str, topic: str, work: Path, published: int) -> None:
+    """Decide the sequence topic's records again, from an empty index, in this process (see the module
+    docstring); print the CPU per document of the decision calls, and the documents kept beside the
+    deployment's ``published``."""
+    tp = TopicPartition(topic, 0)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        max_partition_fetch_bytes=settings.kafka.max_request_bytes,
+    )
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        fetched = []
+        while await consumer.position(tp) < end:
+            fetched += (await consumer.getmany(tp, timeout_ms=1000)).get(tp, [])
+    finally:
+        await consumer.stop()
+    origins, decoder, signing = (
+        Origins(sequenced=True),
+        DocumentDecoder(settings.input),
+        signing_id(settings.fingerprint, settings.dedup),
+    )
+    index = open_index(settings, work / "index")
+    try:
+        dedup = Deduplicator(settings, index)
+        seconds, documents, calls, kept = 0.0, 0, 0, 0
+        for start in range(0, len(fetched), MOST_BATCHES_TOGETHER):
+            records = fetched[start : start + MOST_BATCHES_TOGETHER]
+            carried = origins.carried(records)
+            decoded = decoder.decode_many(
+                [record.value for record in carried.records],
+                default_ids=[f"{r.topic}-{r.partition}-{r.offset}" for r in carried.records],
+                timestamps=[record.timestamp / 1000.0 for record in carried.records],
+                origins=carried.origins,
+            )
+            rows = [row for row, item in enumerate(decoded) if isinstance(item, Document)]
+            docs = [item for item in decoded if isinstance(item, Document)]
+            signed = carried.signed
+            signatures = None if signed is None or signed.signing != signing else signed.of_rows(rows)
+            if signatures is None:
+                raise RuntimeError("the sequence topic holds records the sequencers did not sign as configured")
+            offsets = {(topic, 0): origins.index_offset(records[-1].offset + 1)}
+            started = time.process_time()
+            verdicts = dedup.decide(docs, signatures=signatures, source_offsets=offsets)
+            seconds += time.process_time() - started
+            documents, calls, kept = documents + len(docs), calls + 1, kept + int(verdicts.novel.sum())
+    finally:
+        index.close()
+    print(
+        f"decision step alone: {documents:,} documents ({len(fetched):,} sequence records) decided again from an "
+        f"empty index in {calls:,} calls of up to {MOST_BATCHES_TOGETHER} sequence records "
+        f"({documents / max(calls, 1):,.0f} documents a call): {1e6 * seconds / max(documents, 1):.1f} us of CPU "
+        f"a document, {documents / max(seconds, 1e-9):,.0f} documents/s on one core; {kept:,} kept (the deployment "
+        f"published {published:,})"
+    )
 
 
 async def _failover(settings: Settings, bootstrap: str, work: Path, documents: int, partitions: int) -> None:
@@ -334,11 +411,16 @@ class _Deployment:
         finally:
             await consumer.stop()
 
-    async def delete(self) -> None:
+    async def stop(self) -> None:
+        """Stop the instances (SIGTERM, then wait for each); idempotent."""
         for instance in self.instances.values():
-            instance.process.send_signal(signal.SIGTERM)
+            if instance.process.poll() is None:
+                instance.process.send_signal(signal.SIGTERM)
         for instance in self.instances.values():
             await asyncio.to_thread(instance.process.wait, 60)
+
+    async def delete(self) -> None:
+        await self.stop()
         await _delete(self.bootstrap, list(self.topics.values()))
 
 

@@ -1,5 +1,6 @@
 """``streamdedup bench scale`` on the real broker, small: every instance count reports its rate and each instance's
-CPU by process and role, the fail-over is timed, and the bench removes what it made."""
+CPU by process and role, the decision step alone is timed over the sequence topic, the fail-over is timed, and the
+bench removes what it made."""
 
 from __future__ import annotations
 
@@ -39,6 +40,17 @@ def test_each_instance_count_reports_its_rate_and_each_instances_cpu_and_the_fai
     assert re.search(r"^\| 1, no sequence topic \| [\d,]+ \| i0 \(single\) \|", out, re.M), out
     others = re.findall(r"^\| \| \| (\w+) \((standby|sequencer)\) \|", out, re.M)
     assert len(others) == 1, out
+    # The decision step alone, over the largest deployment's sequence topic: every document, the same kept.
+    step = re.search(
+        r"decision step alone: ([\d,]+) documents \(([\d,]+) sequence records\) .* calls of up to 8 sequence "
+        r"records .*: ([\d.]+) us of CPU a document, ([\d,]+) documents/s on one core; ([\d,]+) kept \(the "
+        r"deployment published ([\d,]+)\)",
+        out,
+    )
+    assert step, out
+    assert step.group(1) == "3,000" and int(step.group(2)) >= 1
+    assert float(step.group(3)) > 0 and int(step.group(4).replace(",", "")) > 0
+    assert step.group(5) == step.group(6) != "0"
     failover = re.search(r"fail-over: ([\d.]+) s from SIGKILL of the decider .* holding ([\d,]+) entries", out)
     assert failover, out
     assert 0.0 < float(failover.group(1)) < 60.0
