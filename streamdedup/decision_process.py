@@ -60,8 +60,9 @@ class _DecisionCore:
 
     def decide_together(self, batches: list[_Decision]) -> list[tuple[Verdicts, BatchTimings]]:
         """Consecutive batches decided as one, in one LMDB transaction: the verdicts are those of deciding them
-        one by one (the decision core's do not depend on batch boundaries), and the index's costs per
-        transaction (its commit, its merge turn) are paid once for all of them."""
+        one by one but where a candidate bound binds (``dedup.key_capacity``, ``dedup.max_candidates``: a batch
+        bounds its own rows among themselves), and the index's costs per transaction (its commit, its merge
+        turn) are paid once for all of them."""
         docs = [Document(*row) for rows, _, _ in batches for row in rows]
         # Each batch stored as one of its own: Kafka commits them one by one, and a rollback to the offsets
         # after any of them must undo exactly the later ones.

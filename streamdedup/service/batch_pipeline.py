@@ -325,8 +325,9 @@ class BatchPipeline:
         """The verdicts of a batch whose decision killed the decision process twice, decided in parts on fresh
         processes: a part that kills it is halved, down to the documents that kill it alone. Those get the crash
         as their error (dead-lettered as ``decide_crash``, not stored); the others get the verdicts they get in
-        one batch, since the decision core's do not depend on batch boundaries. The batch's input offsets are
-        stored once every part is decided. ``wait(pause)`` waits before each new process, False to give up."""
+        one batch, as the decision core's do not depend on batch boundaries but where a candidate bound binds.
+        The batch's input offsets are stored once every part is decided. ``wait(pause)`` waits before each new
+        process, False to give up."""
         documents = prepared.documents
         offsets = self._index_offsets(prepared.next_offsets)
         signatures = await self._signers.signatures(prepared.signing)

@@ -1,7 +1,8 @@
 """Reconciliation: the index brought in line with Kafka's committed offsets on every assignment.
 
 LMDB commits first, so the index is never behind Kafka; when Kafka did not commit (crash, outage), the index is
-rolled back to the committed offsets and the batches are fetched and decided again with the same verdicts. An
+rolled back to the committed offsets and the batches are fetched and decided again (with the same verdicts, but
+where a candidate bound binds and the batches are cut elsewhere: none of them was published). An
 index behind Kafka (lost, replaced, new) replays what it lacks, publishing nothing. Where Kafka has no offset,
 the partition resumes where the index is, and that offset is committed before anything is decided: from then
 on Kafka has one, so a batch the index holds but Kafka never committed is always rolled back.
