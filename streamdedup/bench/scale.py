@@ -12,8 +12,9 @@ workers (sign), the decision process (decide, or follow as the standby); and the
 bounds the deployment: one decides everything, and the standby decides it again.
 
 The sequence topic of the largest deployment then goes through the decision step alone: one decision core in the
-bench's process, from an empty index, deciding the sequence records as a decider behind its input decides them
-(``MOST_BATCHES_TOGETHER`` at a time, in one call), with the signatures the sequencers made. It prints the CPU
+bench's process, from an empty index, deciding the sequence records as a decider behind its input decides them:
+fetched as its consumer fetches, ``MOST_BATCHES_TOGETHER`` fetches in one call, with the signatures the
+sequencers made. It prints the CPU
 microseconds per document of those calls and the documents/s they make on one core: the bound of the one
 sequential step, which the deployments above, paced by their input on shared cores, do not reach.
 
@@ -46,11 +47,13 @@ import orjson
 import psutil
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from ..decide import Deduplicator, open_index
 from ..decision_process import MOST_BATCHES_TOGETHER
 from ..document import Document, DocumentDecoder
 from ..kafka.admin import admin_client, ensure_topics
+from ..kafka.consumer import partition_fetch_bytes
 from ..kafka.producer import send_batched
 from ..kafka.records import OutgoingRecord
 from ..names import METRIC_PREFIX
@@ -139,19 +142,23 @@ async def _decision_step(settings: Settings, bootstrap: str, topic: str, work: P
     docstring); print the CPU per document of the decision calls, and the documents kept beside the
     deployment's ``published``."""
     tp = TopicPartition(topic, 0)
+    # Fetched as the decider's consumer fetches: its batches are these fetches.
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         isolation_level="read_committed",
-        max_partition_fetch_bytes=settings.kafka.max_request_bytes,
+        fetch_max_bytes=settings.kafka.fetch_max_bytes,
+        max_partition_fetch_bytes=partition_fetch_bytes(settings.input.max_message_bytes),
     )
     await consumer.start()
     try:
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         end = (await consumer.end_offsets([tp]))[tp]
-        fetched = []
+        batches: list[list[ConsumerRecord]] = []
         while await consumer.position(tp) < end:
-            fetched += (await consumer.getmany(tp, timeout_ms=1000)).get(tp, [])
+            fetched = await consumer.getmany(tp, timeout_ms=1000, max_records=settings.kafka.batch_max_records)
+            if fetched.get(tp):
+                batches.append(fetched[tp])
     finally:
         await consumer.stop()
     origins, decoder, signing = (
@@ -163,8 +170,8 @@ async def _decision_step(settings: Settings, bootstrap: str, topic: str, work: P
     try:
         dedup = Deduplicator(settings, index)
         seconds, documents, calls, kept = 0.0, 0, 0, 0
-        for start in range(0, len(fetched), MOST_BATCHES_TOGETHER):
-            records = fetched[start : start + MOST_BATCHES_TOGETHER]
+        for start in range(0, len(batches), MOST_BATCHES_TOGETHER):
+            records = [record for batch in batches[start : start + MOST_BATCHES_TOGETHER] for record in batch]
             carried = origins.carried(records)
             decoded = decoder.decode_many(
                 [record.value for record in carried.records],
@@ -186,8 +193,9 @@ async def _decision_step(settings: Settings, bootstrap: str, topic: str, work: P
     finally:
         index.close()
     print(
-        f"decision step alone: {documents:,} documents ({len(fetched):,} sequence records) decided again from an "
-        f"empty index in {calls:,} calls of up to {MOST_BATCHES_TOGETHER} sequence records "
+        f"decision step alone: {documents:,} documents ({sum(map(len, batches)):,} sequence records in "
+        f"{len(batches):,} fetches) decided again from an empty index in {calls:,} calls of up to "
+        f"{MOST_BATCHES_TOGETHER} fetches "
         f"({documents / max(calls, 1):,.0f} documents a call): {1e6 * seconds / max(documents, 1):.1f} us of CPU "
         f"a document, {documents / max(seconds, 1e-9):,.0f} documents/s on one core; {kept:,} kept (the deployment "
         f"published {published:,})"

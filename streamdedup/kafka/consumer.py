@@ -25,7 +25,7 @@ from ..lifecycle import Lifecycle
 from ..settings import KafkaSettings
 from .clients import common_options
 
-__all__ = ["BatchConsumer", "RebalanceHandler", "Unreadable", "committed_reader"]
+__all__ = ["BatchConsumer", "RebalanceHandler", "Unreadable", "committed_reader", "partition_fetch_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,14 @@ RebalanceHandler = Callable[[frozenset[TopicPartition]], Awaitable[None]]
 
 # Stopping must not hang the service when the broker is gone (leaving the group needs the broker).
 _STOP_TIMEOUT_SECONDS = 10.0
+
+
+def partition_fetch_bytes(max_message_bytes: int) -> int:
+    """Bytes a fetch reads of one partition: a record may be as large as the input allows (larger ones are
+    dead-lettered, not stuck)."""
+    return max(1_048_576, max_message_bytes + 65_536)
+
+
 # Reading one partition alone while looking for a record the client cannot parse: a partition with records
 # left answers within the broker's fetch wait (500 ms by default).
 _PROBE_TIMEOUT_MS = 5_000
@@ -88,8 +96,7 @@ class BatchConsumer(Lifecycle):
             # Input written by transactional producers: never process aborted records.
             isolation_level="read_committed",
             fetch_max_bytes=s.fetch_max_bytes,
-            # One record may be as large as the input allows (larger ones are dead-lettered, not stuck).
-            max_partition_fetch_bytes=max(1_048_576, self._max_message_bytes + 65_536),
+            max_partition_fetch_bytes=partition_fetch_bytes(self._max_message_bytes),
             session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=s.heartbeat_interval_ms,
             partition_assignment_strategy=self._assignors,

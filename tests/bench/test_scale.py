@@ -42,8 +42,8 @@ def test_each_instance_count_reports_its_rate_and_each_instances_cpu_and_the_fai
     assert len(others) == 1, out
     # The decision step alone, over the largest deployment's sequence topic: every document, the same kept.
     step = re.search(
-        r"decision step alone: ([\d,]+) documents \(([\d,]+) sequence records\) .* calls of up to 8 sequence "
-        r"records .*: ([\d.]+) us of CPU a document, ([\d,]+) documents/s on one core; ([\d,]+) kept \(the "
+        r"decision step alone: ([\d,]+) documents \(([\d,]+) sequence records in [\d,]+ fetches\) .* calls of "
+        r"up to 8 fetches .*: ([\d.]+) us of CPU a document, ([\d,]+) documents/s on one core; ([\d,]+) kept \(the "
         r"deployment published ([\d,]+)\)",
         out,
     )
