@@ -12,11 +12,11 @@ workers (sign), the decision process (decide, or follow as the standby); and the
 bounds the deployment: one decides everything, and the standby decides it again.
 
 The sequence topic of the largest deployment then goes through the decision step alone: one decision core in the
-bench's process, from an empty index, deciding the sequence records as a decider behind its input decides them:
-fetched as its consumer fetches, ``MOST_BATCHES_TOGETHER`` fetches in one call, with the signatures the
-sequencers made. It prints the CPU
-microseconds per document of those calls and the documents/s they make on one core: the bound of the one
-sequential step, which the deployments above, paced by their input on shared cores, do not reach.
+bench's process, from an empty index, deciding the sequence records as a decider behind its input decides them
+(fetched as its consumer fetches, ``MOST_BATCHES_TOGETHER`` fetches in one call, with the signatures the
+sequencers made). It prints the CPU microseconds per document of those calls and the documents/s they make on
+one core: the bound of the one sequential step, which the deployments above, paced by their input on shared
+cores, do not reach.
 
 Then the fail-over: two instances run ``--failover-documents`` distinct documents (an index of as many entries),
 the standby follows the decider, the decider is killed (SIGKILL) and the seconds until a document produced at

@@ -33,17 +33,15 @@ RebalanceHandler = Callable[[frozenset[TopicPartition]], Awaitable[None]]
 
 # Stopping must not hang the service when the broker is gone (leaving the group needs the broker).
 _STOP_TIMEOUT_SECONDS = 10.0
+# Reading one partition alone while looking for a record the client cannot parse: a partition with records
+# left answers within the broker's fetch wait (500 ms by default).
+_PROBE_TIMEOUT_MS = 5_000
 
 
 def partition_fetch_bytes(max_message_bytes: int) -> int:
     """Bytes a fetch reads of one partition: a record may be as large as the input allows (larger ones are
     dead-lettered, not stuck)."""
     return max(1_048_576, max_message_bytes + 65_536)
-
-
-# Reading one partition alone while looking for a record the client cannot parse: a partition with records
-# left answers within the broker's fetch wait (500 ms by default).
-_PROBE_TIMEOUT_MS = 5_000
 
 
 @dataclass
