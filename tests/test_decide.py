@@ -40,6 +40,18 @@ def run(settings: Settings, path: Path, batches: list[list[Document]]) -> list:
         return [v for batch in batches for v in dedup.decide(batch)]
 
 
+def cut(documents: list[Document], cuts: int, seed: int) -> list[list[Document]]:
+    """The documents in batches cut at ``cuts`` random places."""
+    at = sorted(random.Random(seed).sample(range(1, len(documents)), cuts))
+    return [documents[a:b] for a, b in zip([0, *at], [*at, len(documents)], strict=True)]
+
+
+def without_candidate_bounds(settings: Settings) -> Settings:
+    return settings.model_copy(
+        update={"dedup": settings.dedup.model_copy(update={"key_capacity": None, "max_candidates": None})}
+    )
+
+
 def test_novel_exact_and_near_verdicts(settings: Settings, tmp_path: Path) -> None:
     texts = [
         BASE,
@@ -105,10 +117,7 @@ def test_verdicts_do_not_depend_on_batch_boundaries(settings: Settings, tmp_path
     stream = load_stream(split="tune")[:1500]
     documents = [Document(doc.id, doc.text, 0.0, None) for doc in stream]
     whole = run(settings, tmp_path / "whole", [documents])
-    rng = random.Random(7)
-    cuts = sorted(rng.sample(range(1, len(documents)), 40))
-    pieces = [documents[a:b] for a, b in zip([0, *cuts], [*cuts, len(documents)], strict=True)]
-    split = run(settings, tmp_path / "split", pieces)
+    split = run(settings, tmp_path / "split", cut(documents, 40, seed=7))
     assert [(v.novel, v.match_id) for v in whole] == [(v.novel, v.match_id) for v in split]
     assert 0 < sum(not v.novel for v in whole) < len(whole)
 
@@ -121,14 +130,9 @@ def test_natural_verdicts_do_not_depend_on_batch_boundaries_without_candidate_bo
     # named may differ, as a stored match is named before one in the batch.
     shipped, _ = load_natural()
     documents = [Document(doc.id, doc.text, 0.0, None) for doc in shipped[:12_000]]
-    unbounded = settings.model_copy(
-        update={"dedup": settings.dedup.model_copy(update={"key_capacity": None, "max_candidates": None})}
-    )
+    unbounded = without_candidate_bounds(settings)
     whole = run(unbounded, tmp_path / "whole", [documents])
-    rng = random.Random(3)
-    cuts = sorted(rng.sample(range(1, len(documents)), 30))
-    pieces = [documents[a:b] for a, b in zip([0, *cuts], [*cuts, len(documents)], strict=True)]
-    split = run(unbounded, tmp_path / "split", pieces)
+    split = run(unbounded, tmp_path / "split", cut(documents, 30, seed=3))
     assert [v.novel for v in whole] == [v.novel for v in split]
     assert 0 < sum(not v.novel for v in whole) < len(whole)
 
@@ -319,9 +323,7 @@ def test_hot_keys_leave_candidates_per_document_bounded_and_copies_caught(
     # copies of each other); into each, 40 copies of earlier texts.
     planted = (template_stream if stream == "template" else boilerplate_stream)(3000, 40 / 3000, seed=17)
     texts, copy_of = planted.texts, planted.copy_of
-    unbounded = settings.model_copy(
-        update={"dedup": settings.dedup.model_copy(update={"key_capacity": None, "max_candidates": None})}
-    )
+    unbounded = without_candidate_bounds(settings)
     most = {}
     typical = {}
     verdicts = {}

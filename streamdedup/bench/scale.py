@@ -55,7 +55,7 @@ from ..document import Document, DocumentDecoder
 from ..kafka.admin import admin_client, ensure_topics
 from ..kafka.consumer import partition_fetch_bytes
 from ..kafka.producer import send_batched
-from ..kafka.records import OutgoingRecord
+from ..kafka.records import OutgoingRecord, decoded_records
 from ..names import METRIC_PREFIX
 from ..service.origins import Origins
 from ..settings import Settings
@@ -173,12 +173,7 @@ async def _decision_step(settings: Settings, bootstrap: str, topic: str, work: P
         for start in range(0, len(batches), MOST_BATCHES_TOGETHER):
             records = [record for batch in batches[start : start + MOST_BATCHES_TOGETHER] for record in batch]
             carried = origins.carried(records)
-            decoded = decoder.decode_many(
-                [record.value for record in carried.records],
-                default_ids=[f"{r.topic}-{r.partition}-{r.offset}" for r in carried.records],
-                timestamps=[record.timestamp / 1000.0 for record in carried.records],
-                origins=carried.origins,
-            )
+            decoded = decoded_records(decoder, carried.records, carried.origins)
             rows = [row for row, item in enumerate(decoded) if isinstance(item, Document)]
             docs = [item for item in decoded if isinstance(item, Document)]
             signed = carried.signed

@@ -12,7 +12,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import ConsumerRecord
 
-from ..document import DeadLetter
+from ..document import DeadLetter, Document, DocumentDecoder
 from ..names import (
     HEADER_DEAD_LETTER_DETAIL,
     HEADER_DEAD_LETTER_ERROR,
@@ -33,6 +33,8 @@ __all__ = [
     "BROKER_DEFAULT_MAX_MESSAGE_BYTES",
     "OutgoingRecord",
     "dead_letter",
+    "decoded_records",
+    "default_id",
     "duplicate",
     "largest_record_bytes",
     "novel",
@@ -58,6 +60,26 @@ class OutgoingRecord(NamedTuple):
     value: bytes | None
     key: bytes | None
     headers: Headers
+
+
+def default_id(record: ConsumerRecord) -> str:
+    """A document's id when its record's value names none: where the record is."""
+    return f"{record.topic}-{record.partition}-{record.offset}"
+
+
+def decoded_records(
+    decoder: DocumentDecoder,
+    records: Sequence[ConsumerRecord],
+    origins: Sequence[tuple[str, int, int] | None] | None = None,
+) -> list[Document | DeadLetter]:
+    """What ``decoder`` makes of each record's value, its id defaulting to :func:`default_id` and its time to the
+    record's timestamp."""
+    return decoder.decode_many(
+        [record.value for record in records],
+        default_ids=[default_id(record) for record in records],
+        timestamps=[record.timestamp / 1000.0 for record in records],
+        origins=origins,
+    )
 
 
 def novel(record: ConsumerRecord, topic: str, fingerprint: str) -> OutgoingRecord:

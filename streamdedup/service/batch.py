@@ -22,6 +22,7 @@ from ..kafka.consumer import Unreadable
 from ..kafka.records import (
     OutgoingRecord,
     dead_letter,
+    default_id,
     duplicate,
     largest_record_bytes,
     novel,
@@ -103,7 +104,7 @@ class BatchOutput:
                     DEAD_LETTER_OUTPUT_TOO_LARGE,
                     f"the record takes {size} bytes; its output would not fit the output topics "
                     f"(records up to about {limit} bytes fit)",
-                    f"{record.topic}-{record.partition}-{record.offset}",
+                    default_id(record),
                 )
         return result
 
@@ -146,13 +147,13 @@ class BatchOutput:
             if size <= limits.get(out.topic, size):
                 fitted.append(out)
                 continue
-            default_id = f"{record.topic}-{record.partition}-{record.offset}"
-            letter = letters.get(default_id) if out.topic == kafka.dead_letter_topic else None
+            record_id = default_id(record)
+            letter = letters.get(record_id) if out.topic == kafka.dead_letter_topic else None
             if letter is None:
                 letter = DeadLetter(
                     DEAD_LETTER_OUTPUT_TOO_LARGE,
                     f"its record for {out.topic} takes {size} bytes, over the {limits[out.topic]} that topic takes",
-                    default_id,
+                    record_id,
                 )
                 dead.append(letter)
             letter_limit = limits[kafka.dead_letter_topic]
@@ -194,7 +195,7 @@ class BatchOutput:
             row += 1
             error = None if errors is None else errors[row]
             if error is not None:
-                letter = _failed(error, item.id, f"{record.topic}-{record.partition}-{record.offset}")
+                letter = _failed(error, item.id, default_id(record))
                 dead.append(letter)
                 outgoing.append(dead_letter(record, kafka.dead_letter_topic, letter))
                 continue
@@ -225,7 +226,7 @@ def crashed(width: int) -> Verdicts:
     return Verdicts(np.ones(1, dtype=bool), ["unindexable"], fingerprint, [None], [None], [None], (_DECIDE_CRASH,))
 
 
-def _failed(error: str, doc_id: str, default_id: str) -> DeadLetter:
+def _failed(error: str, doc_id: str, record_id: str) -> DeadLetter:
     """The dead letter of a document whose verdict carries ``error``: the decision core's "not decided: Class:
     message", the signer's "could not ... this text: Class: message", or a crash of the decision process."""
     if error == _DECIDE_CRASH:
@@ -234,4 +235,4 @@ def _failed(error: str, doc_id: str, default_id: str) -> DeadLetter:
         reason = DEAD_LETTER_DECIDE_ERROR if error.startswith(f"{NOT_DECIDED}:") else DEAD_LETTER_SIGN_ERROR
     parts = error.split(": ", 2)
     name = parts[1] if len(parts) == 3 and parts[1].isidentifier() else None
-    return DeadLetter(reason, f"document {doc_id!r}: {error}", default_id, name)
+    return DeadLetter(reason, f"document {doc_id!r}: {error}", record_id, name)

@@ -29,6 +29,7 @@ from ..document import Document, DocumentDecoder
 from ..index import STORAGE_ERRORS
 from ..kafka.consumer import BatchConsumer
 from ..kafka.producer import TransactionalProducer
+from ..kafka.records import decoded_records
 from ..lifecycle import StopRequest
 from ..metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from ..settings import Settings
@@ -377,12 +378,7 @@ class BatchPipeline:
         carried = self.origins.carried(fetched)
         records, origins = carried.records, carried.origins
         clamped = self._decoder.clamped_times
-        decoded = self._decoder.decode_many(
-            [record.value for record in records],
-            default_ids=[f"{record.topic}-{record.partition}-{record.offset}" for record in records],
-            timestamps=[record.timestamp / 1000.0 for record in records],
-            origins=origins,
-        )
+        decoded = decoded_records(self._decoder, records, origins)
         self._metrics.record_clamped_times(self._decoder.clamped_times - clamped)
         decoded = self.output.fitting(records, decoded)
         rows = [row for row, item in enumerate(decoded) if type(item) is Document]

@@ -33,7 +33,7 @@ from ..kafka.admin import admin_client, ensure_topics, partition_counts, wait_fo
 from ..kafka.clients import common_options
 from ..kafka.consumer import BatchConsumer
 from ..kafka.producer import TransactionalProducer
-from ..kafka.records import OutgoingRecord, topic_record_limits
+from ..kafka.records import OutgoingRecord, decoded_records, topic_record_limits
 from ..kafka.sequence_records import SignedRecords, packed
 from ..lifecycle import Lifecycle, StopRequest
 from ..metrics import ServiceMetrics
@@ -211,11 +211,7 @@ class Sequencer(Lifecycle):
 
     async def _signed(self, records: list[ConsumerRecord]) -> SignedRecords:
         """The signatures of the documents these records decode into (the decider decodes them alike)."""
-        decoded = self._decoder.decode_many(
-            [record.value for record in records],
-            default_ids=[f"{record.topic}-{record.partition}-{record.offset}" for record in records],
-            timestamps=[record.timestamp / 1000.0 for record in records],
-        )
+        decoded = decoded_records(self._decoder, records)
         rows = [row for row, item in enumerate(decoded) if type(item) is Document]
         texts = [cast(Document, decoded[row]).text for row in rows]
         signatures = await self._signers.signatures(self._signers.submit(texts))
