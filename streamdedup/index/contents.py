@@ -28,8 +28,6 @@ FEW_KEYS = 2
 """Documents stored under at most this many table keys get a content row (about one kept document in 17 of the
 growth benchmark's natural text): an exact copy shares with its original only the keys the original was stored
 under, and two keys are what a common phrase shares with many documents."""
-_CHUNK_ROWS = 64
-"""Rows of a run's chunk as stored (a table's: the runs are read whole into memory)."""
 _SEED = np.uint64(0x243F6A8885A308D3)
 _MULTIPLIER_SEED = 0x13198A2E
 
@@ -70,7 +68,7 @@ class Contents(HashedRuns):
     def __init__(self, store: Store, db: Any) -> None:
         # Few entries have a row (about one in 17 kept on natural text: 16 bytes of memory for each) and every
         # batch probes them: held in memory, a probe costs no read.
-        super().__init__(store, db, META_UNSWEPT_CONTENTS, _CHUNK_ROWS, rows_in_memory=True)
+        super().__init__(store, db, META_UNSWEPT_CONTENTS, rows_in_memory=True)
 
     def find(self, txn: Any, fps: np.ndarray, payloads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The entries that may hold each row's fingerprint and payload: the row (ascending) and the entry key of

@@ -3,12 +3,15 @@ caller's settings are compatible with an index that exists.
 
 Format 1 had no staged rows; format 2 stored folds in every plan's tables; formats 1-3 kept every table as dupsort
 rows; format 4 had no undo records; formats 1-5 stored entry keys in tables as 8 bytes, in the rows layout; formats
-1-6 stored each record at full width; formats 1-7 kept ids as B-tree keys; formats 1-8 had no content index. All
-read as format 9 (with none staged, with fold values, with the rows layout, with nothing to undo, with 8-byte entry
-keys, with fixed records, with ids as keys, without contents) and are marked 9 when opened to write: older code must
-not misread new indexes, nor write batches that the undo records, the ids or the contents would then not account
-for. A new entry-valued index keeps its tables as sorted runs (``table``) and packs its records (``record``); every
-new index keeps its ids as hashed runs (``ids``) and its entries by content (``contents``).
+1-6 stored each record at full width; formats 1-7 kept ids as B-tree keys; formats 1-8 had no content index;
+formats 6-9 stored sorted runs as chunks of rows. All read as format 10 (with none staged, with fold values, with
+the rows layout, with nothing to undo, with 8-byte entry keys, with fixed records, with ids as keys, without
+contents) and are marked 10 when opened to write: older code must not misread new indexes, nor write batches that
+the undo records, the ids or the contents would then not account for. An index whose runs are chunked has them
+rewritten whole by the first process that opens it to write (``chunked_runs``), in the transaction that marks it,
+and cannot be opened read-only before. A new entry-valued index keeps its tables as sorted runs (``table``) and
+packs its records (``record``); every new index keeps its ids as hashed runs (``ids``) and its entries by content
+(``contents``).
 """
 
 from __future__ import annotations
@@ -28,10 +31,20 @@ from .plan import IndexPlan, PlanError, make_plan, make_segment_plan
 from .record import BYTES_PAYLOAD, FIXED_RECORDS, PACKED_RECORDS, PAYLOAD_KINDS, RecordLayout
 from .table import TableLayout
 
-__all__ = ["ENTRY_KEY_BYTES", "ENTRY_VALUES", "FOLD_VALUES", "FORMAT_VERSION", "IdLayout", "IndexFormat", "planned"]
+__all__ = [
+    "ENTRY_KEY_BYTES",
+    "ENTRY_VALUES",
+    "FOLD_VALUES",
+    "FORMAT_VERSION",
+    "IdLayout",
+    "IndexFormat",
+    "mark_current",
+    "planned",
+]
 
-FORMAT_VERSION = 9
-_READABLE_FORMATS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+FORMAT_VERSION = 10
+_READABLE_FORMATS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+_CHUNKED_RUN_FORMATS = (6, 7, 8, 9)
 _META_FORMAT = b"format"
 FOLD_VALUES, ENTRY_VALUES = "folds", "entries"
 IdLayout = Literal["keys", "runs"]
@@ -60,6 +73,9 @@ class IndexFormat:
     """How ids lead to their entries (see ``ids``)."""
     contents: bool = False
     """Whether entries are found by their content (see ``contents``): every index created from format 9 on."""
+    chunked_runs: bool = False
+    """Whether its sorted runs are stored as chunks of rows, as formats 6-9 stored them: the index's opener
+    rewrites them (``SortedRuns.unchunk``) and then calls :func:`mark_current`."""
 
     @classmethod
     def opened(
@@ -86,6 +102,7 @@ class IndexFormat:
             raise ValueError(f"payload_kind must be one of {PAYLOAD_KINDS}, got {payload_kind!r}")
         with read() as txn:
             stored = txn.get(_META_FORMAT, db=meta) if meta is not None else None
+        chunked = False
         if stored is None:
             if readonly:
                 raise PlanError(f"{path} holds no segment index")
@@ -118,11 +135,16 @@ class IndexFormat:
                     "streamdedup version that wrote it, or point index.path at a new folder (it fills as documents "
                     "arrive)"
                 )
-            if fmt["version"] != FORMAT_VERSION and not readonly:
-                # Older code must not write to it (format 1 code misses staged rows): mark it as this format.
-                fmt["version"] = FORMAT_VERSION
+            chunked = fmt["version"] in _CHUNKED_RUN_FORMATS and _has_runs(fmt)
+            if chunked and readonly:
+                raise PlanError(
+                    f"{path}: index format {fmt['version']} stores its sorted runs in chunks, which this version "
+                    "reads once rewritten: open the index to write once (streamdedup run or dedup with this "
+                    "index.path rewrites them in one transaction), or read it with the version that wrote it"
+                )
+            if fmt["version"] != FORMAT_VERSION and not readonly and not chunked:
                 with env.begin(write=True) as txn:
-                    txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=meta)
+                    mark_current(txn, meta)
         opened = cls(
             IndexPlan.from_json(json.dumps(fmt["plan"])),
             int(fmt["payload_bytes"]),
@@ -135,6 +157,7 @@ class IndexFormat:
             fmt.get("payload", BYTES_PAYLOAD),
             fmt.get("ids", "keys"),
             bool(fmt.get("contents", False)),
+            chunked,
         )
         opened.check_compatible(path, bits, radius, payload_bytes, plan, signing)
         return opened
@@ -210,6 +233,17 @@ class IndexFormat:
         if self.entry_valued:
             return [self.entry_key_bytes] * len(self.plan.tables)
         return [math.ceil(len(self.plan.value_bits(t)) / 8) for t in range(len(self.plan.tables))]
+
+
+def mark_current(txn: Any, meta: Any) -> None:
+    """Mark an older index as this format: older code must not write to it (format 1 code misses staged rows)."""
+    fmt = json.loads(txn.get(_META_FORMAT, db=meta))
+    fmt["version"] = FORMAT_VERSION
+    txn.put(_META_FORMAT, json.dumps(fmt, sort_keys=True).encode(), db=meta)
+
+
+def _has_runs(fmt: dict[str, Any]) -> bool:
+    return fmt.get("table_layout") == "runs" or fmt.get("ids") == "runs" or bool(fmt.get("contents"))
 
 
 def _entries_in_tables(plan: IndexPlan) -> bool:

@@ -26,12 +26,10 @@ class HashedRuns:
     """Rows of (64-bit hash, entry key) in ``db``; the meta counter ``unswept`` holds the rows of removed entries
     since the last sweep."""
 
-    def __init__(self, store: Store, db: Any, unswept: bytes, chunk_rows: int, *, rows_in_memory: bool = False) -> None:
+    def __init__(self, store: Store, db: Any, unswept: bytes, *, rows_in_memory: bool = False) -> None:
         self.store = store
         self.unswept = unswept
-        self.runs = SortedRuns(
-            db, 64, 8, store.fmt.entry_key_bytes, chunk_rows=chunk_rows, rows_in_memory=rows_in_memory
-        )
+        self.runs = SortedRuns(store.env, db, 64, 8, store.fmt.entry_key_bytes, rows_in_memory=rows_in_memory)
 
     def read(self, txn: Any, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every row of these hashes (any order, repeated or not): the position in ``hashes`` of each row's hash,

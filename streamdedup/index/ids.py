@@ -26,11 +26,6 @@ from .store import MAX_ID_KEY_BYTES, META_UNSWEPT_IDS, U64, Store, id_hashes, ke
 
 __all__ = ["HashedIds", "IdKeys", "Ids", "id_index"]
 
-_CHUNK_ROWS = 256
-"""Rows of an id run's chunk: four times a table's. Every batch writes ids and merges runs of them, chunk by chunk,
-and few ids are read (the key filter passes about one in 25 new ones): larger chunks make a merge cheaper (about a
-quarter less a row on batches of 1,000) and cost those reads little."""
-
 
 def _none() -> tuple[np.ndarray, np.ndarray]:
     return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.uint64)
@@ -76,7 +71,7 @@ class HashedIds:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.runs = HashedRuns(store, store.ids, META_UNSWEPT_IDS, _CHUNK_ROWS)
+        self.runs = HashedRuns(store, store.ids, META_UNSWEPT_IDS)
 
     def find(self, txn: Any, id_bytes: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """The position in ``id_bytes`` of each stored id (ascending), and its entry key."""

@@ -58,6 +58,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
@@ -68,10 +69,11 @@ import numpy as np
 from .. import names
 from ..settings import IndexSettings
 from .cached import Cached
-from .contents import content_index
+from .contents import Contents, NoContents, content_index
 from .expiry import Expiry
-from .format import IndexFormat, planned
-from .ids import id_index
+from .format import IndexFormat, mark_current, planned
+from .hashed_runs import HashedRuns
+from .ids import HashedIds, Ids, id_index
 from .keys import TableKeys
 from .lookup import Candidates, EntryRecords, Lookup, SearchResult
 from .mirror import RecordCache
@@ -79,6 +81,7 @@ from .plan import IndexPlan, PlanError
 from .record import BYTES_PAYLOAD, SKETCH_PAYLOAD
 from .staging import Staging
 from .store import META_COUNT, U64, IndexStorageError, Store, bucket_start, open_db
+from .table import SortedRuns
 from .undo import UndoRecords
 from .writes import Batch, Writes
 
@@ -228,8 +231,11 @@ class SegmentIndex:
         self._store = store = Store(self.env, self.fmt, readonly=self.readonly)
         if store.missing():
             raise PlanError(f"{self.path}: index databases missing; is it a streamdedup index?")
+        ids, contents = id_index(store), content_index(store)
+        if self.fmt.chunked_runs:
+            self._unchunk(store, ids, contents)
         self._cached = cached = Cached(store, self.path, readonly=self.readonly, mirror_bytes=self._mirror_bytes)
-        self._lookup = lookup = Lookup(store, cached, id_index(store), content_index(store), self.key_capacity)
+        self._lookup = lookup = Lookup(store, cached, ids, contents, self.key_capacity)
         staging = Staging(store, cached)
         self._undo = undo = UndoRecords(store)
         self._expiry = expiry = Expiry(store, cached, lookup, staging, undo)
@@ -244,6 +250,19 @@ class SegmentIndex:
             max_entries=self.max_entries,
             key_capacity=self.key_capacity,
         )
+
+    def _unchunk(self, store: Store, ids: Ids, contents: Contents | NoContents) -> None:
+        """Rewrite the sorted runs of an index of an older format whole, and mark it as this format, in one
+        transaction."""
+        runs = [table for table in store.tables if isinstance(table, SortedRuns)]
+        hashed = (ids.runs if isinstance(ids, HashedIds) else None, contents)
+        runs += [part.runs for part in hashed if isinstance(part, HashedRuns)]
+        with self.env.begin(write=True) as txn:
+            for table in runs:
+                table.unchunk(txn)
+            mark_current(txn, store.meta)
+        self.fmt = replace(self.fmt, chunked_runs=False)
+        store.fmt = self.fmt
 
     # ----------------------------------------------------------------- transactions
 

@@ -63,7 +63,7 @@ class Store:
         self.meta = self._db(names.INDEX_DB_META)
         layout = table_class(fmt.table_layout)
         self.tables: list[DuplicateRows | PackedBuckets | SortedRuns] = [
-            layout(self._db(f"{names.INDEX_DB_TABLE_PREFIX}{t}", **layout.flags), len(key), key_bytes, value_bytes)
+            layout(env, self._db(f"{names.INDEX_DB_TABLE_PREFIX}{t}", **layout.flags), len(key), key_bytes, value_bytes)
             for t, (key, key_bytes, value_bytes) in enumerate(
                 zip(fmt.plan.tables, fmt.key_bytes, fmt.value_bytes, strict=True)
             )

@@ -1,17 +1,20 @@
 """One index table: (key, value) rows of unsigned integers, each a fixed number of big-endian bytes, in one LMDB
 database, laid out one of three ways (the index stores which):
 
-- ``runs`` (:class:`SortedRuns`): immutable runs of rows sorted by key, packed end to end in chunks of about 64
-  rows, each chunk one LMDB value. A merge writes its rows as a new run with LMDB's append mode, which fills every
-  page, and runs merge as they grow (the newest four into one, once they hold about as many rows each:
-  ``RUNS_MERGED``), so a row is rewritten about log4(table / merge) times and a table holds up to three runs of
-  each size. A merge that would merge every run into one waits for a turn that may rewrite the table (``merge_due``):
-  the writer spreads those turns (``writes.REWRITE_ROUNDS``). A B-tree merge (``rows``) instead inserts its rows at
-  random places: once a table has more pages than a merge has rows, every row dirties a page of its own, which the
-  commit writes out again. Each run keeps the first key of each chunk (which chunk a probe reads) and a bitmap of
-  its keys at 8 bits a row (which runs a probe skips: about one in nine of those without the key passes), both
-  stored with the run and kept in memory once read. Entry-valued tables use it from format 6 on: about 12 bytes a
-  row, against 31 in ``rows``.
+- ``runs`` (:class:`SortedRuns`): immutable runs of rows sorted by key, each run one LMDB value (its keys packed
+  end to end, then its values), which LMDB keeps on contiguous pages. A merge writes its rows as a new run, and
+  runs merge as they grow (the newest four into one, once they hold about as many rows each: ``RUNS_MERGED``), so
+  a row is rewritten about log4(table / merge) times and a table holds up to three runs of each size. A merge that
+  would merge every run into one waits for a turn that may rewrite the table (``merge_due``): the writer spreads
+  those turns (``writes.REWRITE_ROUNDS``). A B-tree merge (``rows``) instead inserts its rows at random places:
+  once a table has more pages than a merge has rows, every row dirties a page of its own, which the commit writes
+  out again. A run is searched in place in LMDB's map, through a read transaction whose values are buffers: a
+  bitmap of its keys at 8 bits a row says which runs a probe skips (about one in nine of those without the key
+  passes), a directory of every 64th key narrows a probe to 64 rows, and seven steps of bisection, every probe at
+  once, find its rows there. A lookup reads the pages its probes touch and nothing else, whatever the run's size,
+  and costs no B-tree descent per probe. Bitmap and directory are stored with the run and kept in memory once
+  read. Entry-valued tables use it from format 6 on (stored whole from format 10): about 11 bytes a row, against
+  31 in ``rows``.
 - ``rows`` (:class:`DuplicateRows`): ``dupsort`` + ``dupfixed``, one LMDB row per table row, each bucket read as
   one packed array by ``getmulti``. A key with one row is a plain node, so this suited tables whose keys hold
   about one row each: the entry-valued tables of every index written before format 6.
@@ -31,10 +34,12 @@ copy.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from itertools import pairwise, starmap
 from typing import Any, ClassVar, Literal
 
+import lmdb
 import numpy as np
 
 from .sorted_rows import expand_ranges, merged_rows, run_starts
@@ -123,7 +128,8 @@ def _row_hashes(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 class _Table:
-    def __init__(self, db: Any, key_bits: int, key_bytes: int, value_bytes: int) -> None:
+    def __init__(self, env: Any, db: Any, key_bits: int, key_bytes: int, value_bytes: int) -> None:
+        self.env = env
         self.db = db
         self.key_bits = key_bits
         self.key_bytes = key_bytes
@@ -292,16 +298,22 @@ RUNS_MERGED = 4
 """Runs that merge into one at a time, once they hold about as many rows each: a row is rewritten about
 log4(table / merge) times (half as often as merging runs two by two), and a table holds up to three runs of
 each size."""
-_CHUNK_ROWS = 64
-"""Rows of a run's chunk by default (more where a key holds more, as a key's rows never span two chunks): what a
-probe reads. A reader needs no setting: each run's directory names its chunks."""
+_STRIDE = 64
+"""Rows between two keys of a run's directory: a probe's search starts from the window of this many rows that the
+directory narrows it to, seven steps of bisection."""
+_HALVES = tuple(1 << step for step in reversed(range(_STRIDE.bit_length() - 1)))
 _FILTER_BITS_PER_ROW = 8
 _CATALOG = bytes(8)
 """The table's list of runs, oldest first, after the next run id: run 0 is no run."""
-_DIRECTORY_PART, _FILTER_PART = 0xFFFFFFFE, 0xFFFFFFFF
-_RUN = np.dtype([("run", "<u4"), ("stamp", "<u4"), ("rows", "<u8"), ("chunks", "<u4"), ("filter_slots", "<u8")])
+_ROWS_PART, _DIRECTORY_PART, _FILTER_PART = 0, 0xFFFFFFFE, 0xFFFFFFFF
+_RUN = np.dtype([("run", "<u4"), ("stamp", "<u4"), ("rows", "<u8"), ("filter_slots", "<u8")])
 """A run's catalog record. Its ``stamp`` is drawn at random when the run is written: a write that aborts leaves
 its run number free for the next one, and a run read from an aborted write must not pass for it."""
+_CHUNKED_RUN = np.dtype([("run", "<u4"), ("stamp", "<u4"), ("rows", "<u8"), ("chunks", "<u4"), ("filter_slots", "<u8")])
+"""A run's catalog record in an index of format 9 or older, whose runs are chunks of rows (``unchunk``)."""
+_HEADER = 8
+"""Bytes ahead of a run's keys: its stamp, then padding, so that every value is the end of an 8-byte word within
+the run's LMDB value (read as such, then masked)."""
 _DIRECTORY_KEY = np.dtype("<u8")
 
 
@@ -309,11 +321,71 @@ def _part_key(run: int, part: int) -> bytes:
     return run.to_bytes(4, "big") + part.to_bytes(4, "big")
 
 
-def _chunk_keys(run: int, chunks: np.ndarray | range) -> list[bytes]:
-    """The LMDB keys of these chunks of a run, built over all of them at once."""
-    keys = np.empty((len(chunks), 2), dtype=">u4")
-    keys[:, 0], keys[:, 1] = run, chunks
-    return keys.view("V8").ravel().tolist()
+def _padded_rows(rows: int) -> int:
+    """Keys a run stores: its rows', then all-ones keys up to a whole directory window, so that a search reads
+    any row of the window without a bound check."""
+    return rows + (-rows) % _STRIDE
+
+
+def _run_value(stamp: int, keys: np.ndarray, values: np.ndarray, key_bytes: int, value_bytes: int) -> bytes:
+    """A run as its LMDB value: header, keys (padded), values, and 8 bytes that the last keys' words end in."""
+    padding = b"\xff" * (key_bytes * (_padded_rows(len(keys)) - len(keys)))
+    return b"".join(
+        (
+            stamp.to_bytes(4, "little") + bytes(_HEADER - 4),
+            int_rows(keys, key_bytes).tobytes(),
+            padding,
+            int_rows(values, value_bytes).tobytes(),
+            bytes(8),
+        )
+    )
+
+
+class _RunView:
+    """A stored run's keys and values as integers, read in place from its LMDB value (a buffer, or bytes). Each
+    key is read as the big-endian word that starts with it (the key in its top bytes: a probe shifted alike is
+    compared with the word as it is), each value as the word that ends with it, then masked."""
+
+    def __init__(self, raw: Any, rows: int, key_bytes: int, value_bytes: int) -> None:
+        self.rows = rows
+        padded = _padded_rows(rows)
+        self._words = np.ndarray((padded,), BIG_ENDIAN_U64, buffer=raw, offset=_HEADER, strides=(key_bytes,))
+        self._values = np.ndarray(
+            (rows,),
+            BIG_ENDIAN_U64,
+            buffer=raw,
+            offset=_HEADER + padded * key_bytes + value_bytes - 8,
+            strides=(value_bytes,),
+        )
+        self._shift = np.uint64(64 - 8 * key_bytes)
+        self._below_key = np.uint64((1 << (64 - 8 * key_bytes)) - 1)
+        self._value_mask = np.uint64((1 << (8 * value_bytes)) - 1) if value_bytes < 8 else np.uint64(2**64 - 1)
+
+    def keys(self, at: np.ndarray | slice) -> np.ndarray:
+        return self._words[at].astype(np.uint64) >> self._shift
+
+    def values(self, at: np.ndarray | slice) -> np.ndarray:
+        return self._values[at].astype(np.uint64) & self._value_mask
+
+    def holds(self, at: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Whether the row at each position (up to the run's end) holds the key beside it."""
+        return (self.keys(np.minimum(at, self.rows - 1)) == keys) & (at < self.rows)
+
+    def first_at_or_after(self, probes: np.ndarray, directory: np.ndarray, *, after: bool) -> np.ndarray:
+        """Where the rows of each probe start (or, ``after``, end): the directory's window, then bisection within
+        it in fixed steps, every probe a step at a time."""
+        probes = probes.astype(np.uint64, copy=False)
+        window = np.searchsorted(directory, probes, side="right" if after else "left")
+        # A word holds its key in its top bytes and the next keys' bytes below: a probe shifted alike (with every
+        # bit below set, for ``after``) compares with the word as the keys compare.
+        bound = (probes << self._shift) | self._below_key if after else probes << self._shift
+        precedes: np.ufunc = np.less_equal if after else np.less
+        start = np.maximum(window - 1, 0) * _STRIDE
+        words = self._words
+        for half in _HALVES:
+            start += precedes(words[start + (half - 1)], bound) * half
+        start += precedes(words[start], bound)
+        return np.minimum(start, self.rows)
 
 
 class SortedRuns(_Table):
@@ -322,20 +394,12 @@ class SortedRuns(_Table):
     flags: ClassVar[dict[str, bool]] = {}
 
     def __init__(
-        self,
-        db: Any,
-        key_bits: int,
-        key_bytes: int,
-        value_bytes: int,
-        chunk_rows: int = _CHUNK_ROWS,
-        *,
-        rows_in_memory: bool = False,
+        self, env: Any, db: Any, key_bits: int, key_bytes: int, value_bytes: int, *, rows_in_memory: bool = False
     ) -> None:
-        super().__init__(db, key_bits, key_bytes, value_bytes)
-        self.chunk_rows = chunk_rows
-        # Per run (number and stamp), its chunks' first keys and its key bitmap, or with ``rows_in_memory`` its
-        # rows (a small table that every batch probes: searched in memory, without a read per run): a run never
-        # changes, so once read they hold for as long as it lives.
+        super().__init__(env, db, key_bits, key_bytes, value_bytes)
+        # Per run (number and stamp), its directory and its key bitmap, or with ``rows_in_memory`` its rows (a
+        # small table that every batch probes: searched in memory, without a read per run): a run never changes,
+        # so once read they hold for as long as it lives.
         self._directories: dict[tuple[int, int], np.ndarray] = {}
         self._filters: dict[tuple[int, int], np.ndarray] = {}
         self._rows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] | None = {} if rows_in_memory else None
@@ -360,36 +424,36 @@ class SortedRuns(_Table):
 
     def read(self, txn: Any, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The stored rows of these keys (ascending, distinct), bucket after bucket: the index in ``keys`` of
-        each row's key, and its value. Each run is asked for the keys its bitmap may hold, from the chunks its
-        directory names, in one ``getmulti``."""
+        each row's key, and its value. Each run is searched for the keys its bitmap may hold, in place in LMDB's
+        map (the pages a search touches are all it reads)."""
         owners, values = [], []
-        for run in self._catalog(txn)[1]:
-            if self._rows is not None:
+        runs = self._catalog(txn)[1]
+        if self._rows is not None:
+            for run in runs:
                 run_keys, run_values = self._rows_of(txn, run, self._rows)
                 at, owner = expand_ranges(
                     np.searchsorted(run_keys, keys, side="left"), np.searchsorted(run_keys, keys, side="right")
                 )
                 owners.append(owner)
                 values.append(run_values[at])
-                continue
-            probed = np.flatnonzero(self._may_hold(txn, run, keys))
-            if not len(probed):
-                continue
-            directory = self._directory(txn, run)
-            chunks = np.searchsorted(directory, keys[probed], side="right") - 1
-            probed, chunks = probed[chunks >= 0], chunks[chunks >= 0]
-            wanted = np.unique(chunks)
-            if not len(wanted):
-                continue
-            with txn.cursor(self.db) as cursor:
-                found = cursor.getmulti(_chunk_keys(int(run["run"]), wanted))
-            run_keys, run_values = self.split_rows(b"".join(value for _, value in found))
-            at, owner = expand_ranges(
-                np.searchsorted(run_keys, keys[probed], side="left"),
-                np.searchsorted(run_keys, keys[probed], side="right"),
-            )
-            owners.append(probed[owner])
-            values.append(run_values[at])
+        elif len(runs):
+            with self._in_place() as mapped:
+                for run in runs:
+                    probed = np.flatnonzero(self._may_hold(txn, run, keys))
+                    if not len(probed):
+                        continue
+                    view, directory = self._view(mapped, txn, run), self._directory(txn, run)
+                    low = view.first_at_or_after(keys[probed], directory, after=False)
+                    held = view.holds(low, keys[probed])
+                    probed, low = probed[held], low[held]
+                    # Most keys found hold one row in a run: the next row tells, and only keys of more search on.
+                    high = low + 1
+                    more = np.flatnonzero(view.holds(high, keys[probed]))
+                    if len(more):
+                        high[more] = view.first_at_or_after(keys[probed[more]], directory, after=True)
+                    at, owner = expand_ranges(low, high)
+                    owners.append(probed[owner])
+                    values.append(view.values(at))
         if not owners:
             return self._empty()
         owner, value = np.concatenate(owners), np.concatenate(values)
@@ -438,6 +502,30 @@ class SortedRuns(_Table):
         runs = [self._write_run(txn, next_run, keys, values)] if len(keys) else []
         self._put_catalog(txn, next_run + 1, runs)
 
+    def unchunk(self, txn: Any) -> None:
+        """Store the runs of an index of format 9 or older, each a series of chunks of packed rows, as one run of
+        this format."""
+        raw = txn.get(_CATALOG, db=self.db)
+        if raw is None:
+            return
+        next_run = int.from_bytes(raw[:4], "little")
+        keys, values = self._empty()
+        keys = keys.astype(np.uint64)
+        for run in np.frombuffer(raw[4:], dtype=_CHUNKED_RUN):
+            chunks, end = [], _part_key(int(run["run"]), _DIRECTORY_PART)
+            with txn.cursor(self.db) as cursor:
+                cursor.set_range(_part_key(int(run["run"]), _ROWS_PART))
+                for key, chunk in cursor.iternext():
+                    if key >= end:
+                        break
+                    chunks.append(chunk)
+            keys, values = merged_rows(keys, values, *self.split_rows(b"".join(chunks)))
+            self._drop_run(txn, run)
+        self._directories.clear()
+        self._filters.clear()
+        runs = [self._write_run(txn, next_run, keys, values)] if len(keys) else []
+        self._put_catalog(txn, next_run + 1, runs)
+
     def _catalog(self, txn: Any) -> tuple[int, np.ndarray]:
         """The next run id, and the runs oldest first."""
         raw = txn.get(_CATALOG, db=self.db)
@@ -455,35 +543,28 @@ class SortedRuns(_Table):
 
     def _write_run(self, txn: Any, run: int, keys: np.ndarray, values: np.ndarray) -> np.void:
         """Append a run of these rows (keys ascending); its catalog record."""
-        # Chunks start at a key's first row, so that a key's rows are in one chunk.
-        starts = np.unique(np.searchsorted(keys, keys[:: self.chunk_rows], side="left"))
-        packed = np.hstack([int_rows(keys, self.key_bytes), int_rows(values, self.value_bytes)])
-        row_bytes = self.key_bytes + self.value_bytes
-        bounds = (np.append(starts, len(keys)) * row_bytes).tolist()
-        directory = keys[starts].astype(_DIRECTORY_KEY)
+        stamp = int.from_bytes(os.urandom(4), "little")
+        directory = keys[::_STRIDE].astype(_DIRECTORY_KEY)
         filter_slots = len(keys) * _FILTER_BITS_PER_ROW
         present = np.zeros(filter_slots, dtype=bool)
         present[_filter_slots(keys, filter_slots)] = True
         bitmap = np.packbits(present, bitorder="little")
-        view = packed.data.cast("B")  # chunks as views of the rows: LMDB's put is their one copy
-        chunks = (view[low:high] for low, high in pairwise(bounds))
-        parts: list[tuple[bytes, bytes | memoryview]] = list(
-            zip(_chunk_keys(run, range(len(starts))), chunks, strict=True)
-        )
-        parts.append((_part_key(run, _DIRECTORY_PART), directory.tobytes()))
-        parts.append((_part_key(run, _FILTER_PART), bitmap.tobytes()))
+        parts = [
+            (_part_key(run, _ROWS_PART), _run_value(stamp, keys, values, self.key_bytes, self.value_bytes)),
+            (_part_key(run, _DIRECTORY_PART), directory.tobytes()),
+            (_part_key(run, _FILTER_PART), bitmap.tobytes()),
+        ]
         with txn.cursor(self.db) as cursor:
             _, added = cursor.putmulti(parts, append=True)
         if added != len(parts):
             raise ValueError(f"run {run} is not the table's newest")
-        stamp = int.from_bytes(os.urandom(4), "little")
         self._directories[run, stamp], self._filters[run, stamp] = directory, bitmap
         if self._rows is not None:
             self._rows[run, stamp] = keys.astype(np.uint64), values.astype(np.uint64)
-        return np.array([(run, stamp, len(keys), len(starts), filter_slots)], dtype=_RUN)[0]
+        return np.array([(run, stamp, len(keys), filter_slots)], dtype=_RUN)[0]
 
     def _drop_run(self, txn: Any, run: np.void) -> None:
-        """Delete the run's chunks, directory and bitmap: every key that starts with its number, in one pass of a
+        """Delete the run's rows, directory and bitmap: every key that starts with its number, in one pass of a
         cursor, which steps to the next key as it deletes."""
         prefix = int(run["run"]).to_bytes(4, "big")
         with txn.cursor(self.db) as cursor:
@@ -492,9 +573,37 @@ class SortedRuns(_Table):
                     cursor.delete()
 
     def _run_rows(self, txn: Any, run: np.void) -> tuple[np.ndarray, np.ndarray]:
-        with txn.cursor(self.db) as cursor:
-            found = cursor.getmulti(_chunk_keys(int(run["run"]), range(int(run["chunks"]))))
-        return self.split_rows(b"".join(value for _, value in found))
+        view = _RunView(
+            txn.get(_part_key(int(run["run"]), _ROWS_PART), db=self.db),
+            int(run["rows"]),
+            self.key_bytes,
+            self.value_bytes,
+        )
+        return view.keys(slice(view.rows)), view.values(slice(None))
+
+    @contextmanager
+    def _in_place(self) -> Iterator[Any]:
+        """A read transaction whose values are buffers into LMDB's map (valid until it ends): runs are searched
+        where they lie, not copied."""
+        try:
+            mapped = self.env.begin(buffers=True)
+        except lmdb.MapResizedError:
+            # Another process grew the map since this one opened it: adopt its size.
+            self.env.set_mapsize(0)
+            mapped = self.env.begin(buffers=True)
+        try:
+            yield mapped
+        finally:
+            mapped.abort()
+
+    def _view(self, mapped: Any, txn: Any, run: np.void) -> _RunView:
+        """The run as ``txn`` holds it, in place where the mapped snapshot holds the same run (its stamp tells),
+        else (a run that ``txn`` wrote, or that a later commit dropped) copied through ``txn``."""
+        key = _part_key(int(run["run"]), _ROWS_PART)
+        raw = mapped.get(key, db=self.db)
+        if raw is None or int.from_bytes(raw[:4], "little") != int(run["stamp"]):
+            raw = txn.get(key, db=self.db)
+        return _RunView(raw, int(run["rows"]), self.key_bytes, self.value_bytes)
 
     def _rows_of(
         self, txn: Any, run: np.void, cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]

@@ -398,6 +398,74 @@ def test_a_format_1_index_is_read_and_upgraded_and_an_unknown_format_is_refused(
     assert "point index.path at a new folder" in str(refused.value)
 
 
+def _chunk_runs(path: Path, widths: dict[str, tuple[int, int]]) -> None:
+    """Store the sorted runs of the databases named in ``widths`` (key and value bytes) as formats 6-9 did, each
+    run a series of LMDB values of 64 packed rows after its number, and mark the index as format 9."""
+    from streamdedup.index import table as layout
+
+    env = lmdb.open(str(path), max_dbs=64, subdir=True)
+    try:
+        with env.begin(write=True) as txn:
+            for name, (key_bytes, value_bytes) in widths.items():
+                db = env.open_db(name.encode(), txn=txn)
+                runs = layout.SortedRuns(env, db, 8 * key_bytes, key_bytes, value_bytes)
+                next_run, catalog = runs._catalog(txn)
+                chunked = []
+                for run in catalog:
+                    number, stamp = int(run["run"]), int(run["stamp"])
+                    keys, values = runs._run_rows(txn, run)
+                    bitmap = txn.get(layout._part_key(number, layout._FILTER_PART), db=db)
+                    runs._drop_run(txn, run)
+                    packed, size = runs.join_rows(keys, values), 64 * (key_bytes + value_bytes)
+                    chunks = [packed[start : start + size] for start in range(0, len(packed), size)]
+                    parts = [(layout._part_key(number, i), chunk) for i, chunk in enumerate(chunks)]
+                    directory = keys[::64].astype("<u8").tobytes()
+                    parts.append((layout._part_key(number, layout._DIRECTORY_PART), directory))
+                    parts.append((layout._part_key(number, layout._FILTER_PART), bitmap))
+                    for key, value in parts:
+                        txn.put(key, value, db=db)
+                    chunked.append((number, stamp, int(run["rows"]), len(chunks), int(run["filter_slots"])))
+                records = np.array(chunked, dtype=layout._CHUNKED_RUN)
+                txn.put(layout._CATALOG, next_run.to_bytes(4, "little") + records.tobytes(), db=db)
+    finally:
+        env.close()
+    _format_version(path, set_to=9)
+
+
+def test_an_index_with_chunked_runs_is_rewritten_by_its_first_writer_and_answers_as_before(tmp_path: Path) -> None:
+    # Formats 6-9 stored each sorted run (tables, ids, contents) in chunks of rows: the first process that opens
+    # such an index to write rewrites every run whole, in the transaction that marks it as this format; a reader
+    # is refused until then, with what to do.
+    from streamdedup.index.plan import make_segment_plan
+
+    rng = np.random.default_rng(5)
+    bits, segments = 256, 16
+    stored = _random(600, bits // 64, rng)
+    stored[300:] = _flip(stored[:300], 6, rng)
+    ids = [f"doc{i}" for i in range(len(stored))]
+    with SegmentIndex(tmp_path, bits, bits, plan=make_segment_plan(bits, segments), payload_bytes=0) as index:
+        for start in range(0, len(stored), 50):
+            index.add(ids[start : start + 50], stored[start : start + 50])
+        answers = index.query(stored)
+        assert index.stats()["table_layout"] == "runs"
+    assert sum(len(hits) for hits in answers) > len(stored)  # near copies found through the tables
+    widths = {f"table-{t}": (2, ENTRY_KEY_BYTES) for t in range(segments)} | {
+        name: (8, ENTRY_KEY_BYTES) for name in ("ids", "contents")
+    }
+    _chunk_runs(tmp_path, widths)
+    with pytest.raises(PlanError, match="stores its sorted runs in chunks") as refused:
+        SegmentIndex(tmp_path, None, None, payload_bytes=None, readonly=True)
+    assert "open the index to write once" in str(refused.value)
+    assert _format_version(tmp_path) == 9
+    with SegmentIndex(tmp_path, None, None, payload_bytes=None) as index:
+        assert index.query(stored) == answers
+        assert index.remove(ids[::3]) == len(ids[::3])  # found through the id runs
+    assert _format_version(tmp_path) == FORMAT_VERSION
+    with SegmentIndex(tmp_path, None, None, payload_bytes=None, readonly=True) as reader:
+        kept = [[hit for hit in hits if int(hit[0][3:]) % 3] for hits in answers]
+        assert reader.query(stored) == kept
+
+
 def test_bad_input_is_rejected_for_that_batch_only(tmp_path: Path) -> None:
     with SegmentIndex(tmp_path, 64, 3, expected_entries=1000, payload_bytes=2) as index:
         index.add(["ok"], np.array([[1]], dtype=np.uint64))

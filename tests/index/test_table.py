@@ -46,7 +46,7 @@ def test_a_table_reads_what_was_inserted_and_not_what_was_deleted(
     # A brute-force multiset of rows as the oracle, through batches of inserts (with repeated rows) and deletes.
     rng = np.random.default_rng(3)
     env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 26)
-    table = layout(env.open_db(b"t", **layout.flags), 16, 2, 6)
+    table = layout(env, env.open_db(b"t", **layout.flags), 16, 2, 6)
     stored: Counter[tuple[int, int]] = Counter()
     for size in [300, 6, 5, 300, 7, 4, 300, 300, 8, 3, 6, 300]:
         # A batch for most keys rewrites the table; a few rows rewrite just their buckets.
@@ -87,7 +87,7 @@ def test_buckets_take_less_room_than_dupsort_rows_when_keys_hold_many(tmp_path: 
     used = {}
     for layout in (DuplicateRows, PackedBuckets):
         env = lmdb.open(str(tmp_path / layout.__name__), max_dbs=4, map_size=1 << 30)
-        table = layout(env.open_db(b"t", **layout.flags), 16, 2, 6)
+        table = layout(env, env.open_db(b"t", **layout.flags), 16, 2, 6)
         for _ in range(10):
             keys = np.sort(rng.integers(0, 2**16, 100_000).astype(np.uint64))
             with env.begin(write=True) as txn:
@@ -102,7 +102,7 @@ def test_buckets_take_less_room_than_dupsort_rows_when_keys_hold_many(tmp_path: 
 def test_rows_read_back_every_row_in_order_and_replace_stores_exactly_the_rows_given(tmp_path: Path) -> None:
     rng = np.random.default_rng(9)
     env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 28)
-    table = DuplicateRows(env.open_db(b"t", **DuplicateRows.flags), 32, 4, 8)
+    table = DuplicateRows(env, env.open_db(b"t", **DuplicateRows.flags), 32, 4, 8)
     keys = rng.integers(0, 2**32, 5_000).astype(np.uint64)
     keys[:100] = keys[100:200]  # keys of two rows
     values = rng.choice(2**40, 5_000, replace=False).astype(np.uint64)
@@ -131,7 +131,7 @@ def test_runs_merge_four_at_a_time_and_read_back_every_row_in_key_order(tmp_path
     # replace, and reads of present, absent and hot keys; the runs read from LMDB or held in memory.
     rng = np.random.default_rng(21)
     env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 28)
-    table = SortedRuns(env.open_db(b"t"), 32, 4, 6, rows_in_memory=rows_in_memory)
+    table = SortedRuns(env, env.open_db(b"t"), 32, 4, 6, rows_in_memory=rows_in_memory)
     hot = rng.integers(0, 2**32, 5).astype(np.uint64)
     stored_keys, stored_values = np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     next_value = 0
@@ -182,7 +182,7 @@ def test_a_turn_that_may_not_rewrite_postpones_exactly_the_merges_that_would_lea
     # every run into one; any other merge (or a table's first run) is due at any turn.
     rng = np.random.default_rng(3)
     env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 28)
-    table = SortedRuns(env.open_db(b"t"), 32, 4, 6)
+    table = SortedRuns(env, env.open_db(b"t"), 32, 4, 6)
     outcomes = []
     for _ in range(80):
         size = int(rng.integers(1, 300))
@@ -203,7 +203,7 @@ def test_runs_take_about_eleven_bytes_a_row(tmp_path: Path) -> None:
     # What the runs layout is for: a table of 4-byte keys and 6-byte entry keys, merged batch after batch.
     rng = np.random.default_rng(22)
     env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 30)
-    table = SortedRuns(env.open_db(b"t"), 32, 4, 6)
+    table = SortedRuns(env, env.open_db(b"t"), 32, 4, 6)
     for merge in range(20):
         keys = np.sort(rng.integers(0, 2**32, 20_000).astype(np.uint64))
         with env.begin(write=True) as txn:
@@ -223,7 +223,7 @@ def test_a_run_written_by_an_aborted_transaction_is_not_taken_for_the_one_writte
     # Two writers (two processes' table objects, each with its own copies of what it read): the first writes a
     # run and aborts, the second writes its own run under the same number and commits; the first reads the second's.
     env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 26)
-    first, second = (SortedRuns(env.open_db(b"t"), 32, 4, 6, rows_in_memory=rows_in_memory) for _ in range(2))
+    first, second = (SortedRuns(env, env.open_db(b"t"), 32, 4, 6, rows_in_memory=rows_in_memory) for _ in range(2))
     keys = np.arange(100, 1100, 10, dtype=np.uint64)
     with env.begin(write=True) as txn:
         first.insert(txn, keys, np.arange(len(keys), dtype=np.uint64))
@@ -236,4 +236,44 @@ def test_a_run_written_by_an_aborted_transaction_is_not_taken_for_the_one_writte
         owners, values = first.read(txn, np.array([5, 6, 7, 8, 100], dtype=np.uint64))
         assert (owners.tolist(), values.tolist()) == ([2, 3, 4], [700, 701, 0])
         assert first.rows(txn)[0].tolist() == [7, 8, *keys.tolist()]
+    env.close()
+
+
+@pytest.mark.parametrize(("key_bytes", "value_bytes"), [(1, 3), (2, 6), (3, 5), (4, 6), (8, 8)])
+def test_runs_are_searched_in_place_and_through_the_transaction_that_wrote_them_alike(
+    tmp_path: Path, key_bytes: int, value_bytes: int
+) -> None:
+    # A brute-force list of rows as the oracle. Keys of every width, hot keys whose rows span many of the
+    # directory's windows, probes below, between and above the stored keys; each read twice: in the write
+    # transaction that just wrote a run (which the mapped snapshot does not hold yet), and after its commit.
+    rng = np.random.default_rng(key_bytes)
+    env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 28)
+    table = SortedRuns(env, env.open_db(b"t"), 8 * key_bytes, key_bytes, value_bytes)
+    top = 2 ** (8 * key_bytes) - 1
+    hot = rng.integers(1, top, 3, dtype=np.uint64, endpoint=True)
+    stored_keys, stored_values = np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    for size in [1, 700, 5, 2_000, 64, 65, 300, 1_500]:
+        keys = np.where(rng.random(size) < 0.3, rng.choice(hot, size), rng.integers(1, top, size, dtype=np.uint64))
+        keys = np.sort(keys.astype(np.uint64))
+        values = rng.integers(0, 2 ** (8 * value_bytes) - 1, size, dtype=np.uint64, endpoint=True)
+        stored_keys, stored_values = np.concatenate([stored_keys, keys]), np.concatenate([stored_values, values])
+        probes = np.unique(
+            np.concatenate(
+                [hot, stored_keys[::3], stored_keys[::5] + np.uint64(1), rng.integers(0, top, 200, dtype=np.uint64)]
+            )
+        )
+        probes = np.unique(np.concatenate([probes, np.array([0, top], dtype=np.uint64)]))
+        expected = sorted(
+            (key, value)
+            for key, value in zip(stored_keys.tolist(), stored_values.tolist(), strict=True)
+            if key in set(probes.tolist())
+        )
+        with env.begin(write=True) as txn:
+            table.insert(txn, keys, values)
+            owners, found = table.read(txn, probes)
+            assert sorted(zip(probes[owners].tolist(), found.tolist(), strict=True)) == expected
+        with env.begin() as txn:
+            owners, found = table.read(txn, probes)
+        assert owners.tolist() == sorted(owners.tolist())
+        assert sorted(zip(probes[owners].tolist(), found.tolist(), strict=True)) == expected
     env.close()
