@@ -277,3 +277,26 @@ def test_runs_are_searched_in_place_and_through_the_transaction_that_wrote_them_
         assert owners.tolist() == sorted(owners.tolist())
         assert sorted(zip(probes[owners].tolist(), found.tolist(), strict=True)) == expected
     env.close()
+
+
+def test_a_reader_whose_runs_a_later_commit_merged_away_still_reads_its_own(tmp_path: Path) -> None:
+    # A read transaction sees the runs of its snapshot; the runs are searched through a newer one, where a merge
+    # committed meanwhile has dropped them (and a new run took a number after theirs): read through its own.
+    env = lmdb.open(str(tmp_path), max_dbs=4, map_size=1 << 26)
+    table = SortedRuns(env, env.open_db(b"t"), 32, 4, 6)
+    for batch in range(3):
+        keys = np.arange(batch, 3_000, 3, dtype=np.uint64)
+        with env.begin(write=True) as txn:
+            table.insert(txn, keys, keys + np.uint64(10 * batch))
+    probes = np.array([0, 1, 2, 4, 2_999, 5_000], dtype=np.uint64)
+    with env.begin() as before:
+        assert len(table._catalog(before)[1]) == 3
+        with env.begin(write=True) as txn:
+            table.insert(txn, np.array([1, 2], dtype=np.uint64), np.array([77, 78], dtype=np.uint64))
+            assert len(table._catalog(txn)[1]) == 1  # the four runs merged into one
+        owners, values = table.read(before, probes)
+        assert (owners.tolist(), values.tolist()) == ([0, 1, 2, 3, 4], [0, 11, 22, 14, 2_999 + 20])
+    with env.begin() as after:
+        owners, values = table.read(after, probes)
+    assert (owners.tolist(), values.tolist()) == ([0, 1, 1, 2, 2, 3, 4], [0, 11, 77, 22, 78, 14, 2_999 + 20])
+    env.close()
