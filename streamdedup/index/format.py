@@ -139,8 +139,9 @@ class IndexFormat:
             if chunked and readonly:
                 raise PlanError(
                     f"{path}: index format {fmt['version']} stores its sorted runs in chunks, which this version "
-                    "reads once rewritten: open the index to write once (streamdedup run or dedup with this "
-                    "index.path rewrites them in one transaction), or read it with the version that wrote it"
+                    "reads once rewritten: open the index to write once (streamdedup index compact PATH with the "
+                    "service stopped, or the service's next start, rewrites them in one transaction), or read it "
+                    "with the version that wrote it"
                 )
             if fmt["version"] != FORMAT_VERSION and not readonly and not chunked:
                 with env.begin(write=True) as txn:
