@@ -514,8 +514,9 @@ class SortedRuns(_Table):
         for run in np.frombuffer(raw[4:], dtype=_CHUNKED_RUN):
             chunks, end = [], _part_key(int(run["run"]), _DIRECTORY_PART)
             with txn.cursor(self.db) as cursor:
-                cursor.set_range(_part_key(int(run["run"]), _ROWS_PART))
-                for key, chunk in cursor.iternext():
+                # A run's chunks are the keys from its number up to its directory (which always follows them).
+                found = cursor.set_range(_part_key(int(run["run"]), _ROWS_PART))
+                for key, chunk in cursor.iternext() if found else ():
                     if key >= end:
                         break
                     chunks.append(chunk)
