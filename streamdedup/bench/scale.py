@@ -176,8 +176,7 @@ async def _decision_step(settings: Settings, bootstrap: str, topic: str, work: P
             decoded = decoded_records(decoder, carried.records, carried.origins)
             rows = [row for row, item in enumerate(decoded) if isinstance(item, Document)]
             docs = [item for item in decoded if isinstance(item, Document)]
-            signed = carried.signed
-            signatures = None if signed is None or signed.signing != signing else signed.of_rows(rows)
+            signatures = carried.signatures(rows, signing)
             if signatures is None:
                 raise RuntimeError("the sequence topic holds records the sequencers did not sign as configured")
             offsets = {(topic, 0): origins.index_offset(records[-1].offset + 1)}

@@ -82,6 +82,7 @@ from .record import BYTES_PAYLOAD, SKETCH_PAYLOAD
 from .staging import Staging
 from .store import META_COUNT, U64, IndexStorageError, Store, bucket_start, open_db
 from .table import SortedRuns
+from .transactions import begin_read
 from .undo import UndoRecords
 from .writes import Batch, Writes
 
@@ -267,12 +268,7 @@ class SegmentIndex:
     # ----------------------------------------------------------------- transactions
 
     def _read(self) -> Any:
-        try:
-            return self.env.begin(write=False, buffers=False)
-        except lmdb.MapResizedError:
-            # The writer grew the map since we opened: adopt its size and retry.
-            self.env.set_mapsize(0)
-            return self.env.begin(write=False, buffers=False)
+        return begin_read(self.env)
 
     def _write(self, work: Callable[[Any], _T]) -> _T:
         """Run ``work(txn)`` in one write transaction; on a full map grow it and redo the whole batch."""

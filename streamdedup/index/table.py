@@ -39,10 +39,10 @@ from contextlib import contextmanager
 from itertools import pairwise, starmap
 from typing import Any, ClassVar, Literal
 
-import lmdb
 import numpy as np
 
 from .sorted_rows import expand_ranges, merged_rows, run_starts
+from .transactions import begin_read
 
 __all__ = [
     "BIG_ENDIAN_U64",
@@ -442,15 +442,15 @@ class SortedRuns(_Table):
                     probed = np.flatnonzero(self._may_hold(txn, run, keys))
                     if not len(probed):
                         continue
-                    view, directory = self._view(mapped, txn, run), self._directory(txn, run)
-                    low = view.first_at_or_after(keys[probed], directory, after=False)
-                    held = view.holds(low, keys[probed])
-                    probed, low = probed[held], low[held]
+                    view, directory, probes = self._view(mapped, txn, run), self._directory(txn, run), keys[probed]
+                    low = view.first_at_or_after(probes, directory, after=False)
+                    held = view.holds(low, probes)
+                    probed, probes, low = probed[held], probes[held], low[held]
                     # Most keys found hold one row in a run: the next row tells, and only keys of more search on.
                     high = low + 1
-                    more = np.flatnonzero(view.holds(high, keys[probed]))
+                    more = np.flatnonzero(view.holds(high, probes))
                     if len(more):
-                        high[more] = view.first_at_or_after(keys[probed[more]], directory, after=True)
+                        high[more] = view.first_at_or_after(probes[more], directory, after=True)
                     at, owner = expand_ranges(low, high)
                     owners.append(probed[owner])
                     values.append(view.values(at))
@@ -522,8 +522,6 @@ class SortedRuns(_Table):
                     chunks.append(chunk)
             keys, values = merged_rows(keys, values, *self.split_rows(b"".join(chunks)))
             self._drop_run(txn, run)
-        self._directories.clear()
-        self._filters.clear()
         runs = [self._write_run(txn, next_run, keys, values)] if len(keys) else []
         self._put_catalog(txn, next_run + 1, runs)
 
@@ -574,24 +572,17 @@ class SortedRuns(_Table):
                     cursor.delete()
 
     def _run_rows(self, txn: Any, run: np.void) -> tuple[np.ndarray, np.ndarray]:
-        view = _RunView(
-            txn.get(_part_key(int(run["run"]), _ROWS_PART), db=self.db),
-            int(run["rows"]),
-            self.key_bytes,
-            self.value_bytes,
-        )
+        view = self._run_view(txn.get(_part_key(int(run["run"]), _ROWS_PART), db=self.db), run)
         return view.keys(slice(view.rows)), view.values(slice(None))
+
+    def _run_view(self, raw: Any, run: np.void) -> _RunView:
+        return _RunView(raw, int(run["rows"]), self.key_bytes, self.value_bytes)
 
     @contextmanager
     def _in_place(self) -> Iterator[Any]:
         """A read transaction whose values are buffers into LMDB's map (valid until it ends): runs are searched
         where they lie, not copied."""
-        try:
-            mapped = self.env.begin(buffers=True)
-        except lmdb.MapResizedError:
-            # Another process grew the map since this one opened it: adopt its size.
-            self.env.set_mapsize(0)
-            mapped = self.env.begin(buffers=True)
+        mapped = begin_read(self.env, buffers=True)
         try:
             yield mapped
         finally:
@@ -604,7 +595,7 @@ class SortedRuns(_Table):
         raw = mapped.get(key, db=self.db)
         if raw is None or int.from_bytes(raw[:4], "little") != int(run["stamp"]):
             raw = txn.get(key, db=self.db)
-        return _RunView(raw, int(run["rows"]), self.key_bytes, self.value_bytes)
+        return self._run_view(raw, run)
 
     def _rows_of(
         self, txn: Any, run: np.void, cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]

@@ -392,10 +392,7 @@ class BatchPipeline:
     def _signed(self, carried: Carried, rows: list[int]) -> Future[Signatures] | None:
         """The signatures the sequencing instances made of these records' documents, if they made them all
         as this instance would."""
-        signed = carried.signed
-        if signed is None or signed.signing != self._signing:
-            return None
-        signatures = signed.of_rows(rows)
+        signatures = carried.signatures(rows, self._signing)
         if signatures is None:
             return None
         done: Future[Signatures] = Future()

@@ -18,6 +18,7 @@ from aiokafka.structs import ConsumerRecord
 
 from ..kafka.consumer import Unreadable
 from ..kafka.sequence_records import SEQUENCE_POSITION_BITS, NotASequenceRecord, SignedRecords, unpacked
+from ..signature import Signatures
 
 __all__ = ["Carried", "Origin", "Origins"]
 
@@ -33,6 +34,13 @@ class Carried:
     records: list[ConsumerRecord]
     origins: list[Origin]
     signed: SignedRecords | None = None
+
+    def signatures(self, rows: Sequence[int], signing: str) -> Signatures | None:
+        """The signatures the sequencing instances made of these records' documents (``rows``), if they made them
+        all as ``signing`` (:func:`~streamdedup.signature.signing_id`) says."""
+        if self.signed is None or self.signed.signing != signing:
+            return None
+        return self.signed.of_rows(rows)
 
 
 class Origins:
