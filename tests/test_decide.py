@@ -355,6 +355,21 @@ def test_hot_keys_leave_candidates_per_document_bounded_and_copies_caught(
         assert sum(v.novel for v in bounded) < 20
 
 
+def test_a_batch_that_finds_only_keys_it_does_not_follow_is_decided(settings: Settings, tmp_path: Path) -> None:
+    # With one row a key, the template's keys fill at once: a later batch finds stored rows only through keys it
+    # does not follow, which leaves it no candidate at all, and every document still gets its verdict.
+    one_row = settings.model_copy(update={"dedup": settings.dedup.model_copy(update={"key_capacity": 1})})
+    planted = template_stream(600, 20 / 600, seed=1)
+    texts = planted.texts
+    with open_index(one_row, tmp_path / "index") as index:
+        dedup = Deduplicator(one_row, index)
+        verdicts = [
+            v for start in range(0, len(texts), 20) for v in dedup.decide(docs(texts[start : start + 20], start))
+        ]
+    assert [v.error for v in verdicts] == [None] * len(planted.texts)
+    assert all(not verdicts[copy].novel for copy in planted.copy_of)
+
+
 def test_an_exact_copy_of_a_document_its_keys_had_no_room_for_is_dropped(settings: Settings, tmp_path: Path) -> None:
     # With one row a key, a second document of the first's fingerprint (and another sketch: no copy of it) finds
     # every key full and is stored under none. The tables cannot lead its copies to it; its content does.

@@ -386,7 +386,9 @@ def _group_expand(
 
 def _distinct_pairs(rows: np.ndarray, named: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The distinct (row, named) pairs, sorted, and how many times each came (through how many tables)."""
-    word = packed([rows, named]) if len(rows) else None
+    if not len(rows):
+        return rows.astype(np.int64), named, np.zeros(0, dtype=np.int64)
+    word = packed([rows, named])
     if word is not None:
         pairs, shared = np.unique(word[0], return_counts=True)
         named_bits = word[1][1]
