@@ -115,6 +115,11 @@ class Verdicts(Sequence[Verdict]):
             first.errors + second.errors,
         )
 
+    @property
+    def stored(self) -> np.ndarray:
+        """Which documents the index stored: the novel ones that could be looked up and stored."""
+        return np.asarray(self.reasons, dtype=object) == "novel"
+
     def split(self, sizes: Sequence[int]) -> list[Verdicts]:
         """The verdicts of consecutive parts of this batch, of these sizes (the inverse of :meth:`joined`)."""
         if sum(sizes) != len(self):
@@ -297,6 +302,11 @@ def _duplicates_in_stream_order(matched: np.ndarray, rows: np.ndarray, candidate
     return duplicate
 
 
+def _payloads(sketches: np.ndarray) -> np.ndarray:
+    """The index's payloads of these sketches: each row's bytes."""
+    return np.ascontiguousarray(sketches).view(np.uint8).reshape(len(sketches), sketches.shape[1] * sketches.itemsize)
+
+
 def open_index(settings: Settings, path: Path, *, durable: bool = True) -> SegmentIndex:
     """The index the settings describe, at ``path``: the one place service and offline mode open it.
 
@@ -390,6 +400,32 @@ class Deduplicator:
             second = self._decided_or_apart(docs[half:], source_offsets, signatures.subset(slice(half, None)))
             return Verdicts.joined(first, second)
 
+    def store(
+        self,
+        docs: Sequence[Document],
+        *,
+        signatures: Signatures | None = None,
+        source_offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> None:
+        """Store ``docs`` as kept, deciding nothing, and ``source_offsets``, in one LMDB transaction, as
+        :meth:`decide` stores the documents it keeps: an index given the batches another decision core kept, in
+        its batches, ends as that core's index did, whatever bounds bound its decisions. ``signatures`` as for
+        :meth:`decide`."""
+        if signatures is None:
+            signatures = self.signer.sign([doc.text for doc in docs])
+        elif len(signatures) != len(docs):
+            raise ValueError(f"{len(signatures)} signatures for {len(docs)} documents")
+        if not signatures.indexable.all():
+            raise ValueError("a document without features, or that could not be signed, is never kept")
+        self.index.add(
+            [doc.id for doc in docs],
+            signatures.fingerprints,
+            times=np.fromiter((doc.time for doc in docs), dtype=np.float64, count=len(docs)),
+            payloads=_payloads(signatures.sketches),
+            origins=[doc.origin for doc in docs],
+            source_offsets=source_offsets,
+        )
+
     def _unjudged(
         self,
         doc: Document,
@@ -480,9 +516,7 @@ class Deduplicator:
             [ids[row] for row in keep],
             fps[keep],
             times=times[keep],
-            payloads=np.ascontiguousarray(sketches[keep])
-            .view(np.uint8)
-            .reshape(len(keep), sketches.shape[1] * sketches.itemsize),
+            payloads=_payloads(sketches[keep]),
             origins=[origins[row] for row in keep],
             source_offsets=source_offsets,
             keys=kept_keys,

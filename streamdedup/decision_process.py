@@ -92,6 +92,12 @@ class _DecisionCore:
         verdicts = self.dedup.decide(docs, source_offsets=source_offsets, signatures=signatures)
         return _unsigned(verdicts) if signatures is not None else verdicts, self.dedup.last_timings
 
+    def store(
+        self, rows: list[_DocumentRow], source_offsets: Mapping[tuple[str, int], int], signatures: Signatures | None
+    ) -> None:
+        """Documents another decision core kept, stored as it stored them (``Deduplicator.store``)."""
+        self.dedup.store([Document(*row) for row in rows], signatures=signatures, source_offsets=source_offsets)
+
     def source_offsets(self) -> dict[tuple[str, int], int]:
         return self.index.source_offsets()
 
@@ -199,6 +205,18 @@ class DecisionProcess(Lifecycle):
         if signatures is not None:
             verdicts = replace(verdicts, fingerprints=signatures.fingerprints)
         return verdicts, timings
+
+    async def store(
+        self,
+        docs: Sequence[Document],
+        *,
+        source_offsets: Mapping[tuple[str, int], int],
+        signatures: Signatures | None,
+    ) -> None:
+        """Store ``docs`` as kept, deciding nothing (``Deduplicator.store``), behind the calls already queued."""
+        signed = signatures is not None
+        rows = [(doc.id, "" if signed else doc.text, doc.time, doc.origin) for doc in docs]
+        await self._call("store", rows, dict(source_offsets), signatures)
 
     async def source_offsets(self) -> dict[tuple[str, int], int]:
         offsets: dict[tuple[str, int], int] = await self._call("source_offsets")

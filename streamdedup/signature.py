@@ -85,9 +85,10 @@ class Signatures:
             np.concatenate([part.empty for part in parts]),
         )
 
-    def subset(self, rows: slice) -> Signatures:
+    def subset(self, rows: slice | Sequence[int]) -> Signatures:
         """The signatures of these rows alone, without the batch's keys and pairs (keying the rows makes theirs)."""
-        return Signatures(self.fingerprints[rows], self.sketches[rows], self.errors[rows], self.empty[rows])
+        errors = self.errors[rows] if isinstance(rows, slice) else tuple(self.errors[row] for row in rows)
+        return Signatures(self.fingerprints[rows], self.sketches[rows], errors, self.empty[rows])
 
     @property
     def indexable(self) -> np.ndarray:

@@ -137,6 +137,38 @@ def test_natural_verdicts_do_not_depend_on_batch_boundaries_without_candidate_bo
     assert 0 < sum(not v.novel for v in whole) < len(whole)
 
 
+def test_an_index_given_the_kept_documents_ends_as_the_deciding_cores_whatever_the_bounds(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # Where a candidate bound binds, verdicts depend on the cuts (one batch keeps other documents than these
+    # cuts do): stored batch by batch as another core kept them, an index is that core's, and decides on alike.
+    shipped, _ = load_natural()
+    documents = [Document(doc.id, doc.text, float(row), ("seq", 0, row)) for row, doc in enumerate(shipped[:13_000])]
+    batches, later = cut(documents[:12_000], 30, seed=3), documents[12_000:]
+    whole = run(settings, tmp_path / "whole", [documents[:12_000]])
+    with open_index(settings, tmp_path / "decided") as decided, open_index(settings, tmp_path / "stored") as stored:
+        deciding, storing = Deduplicator(settings, decided), Deduplicator(settings, stored)
+        kept: list[bool] = []
+        for batch in batches:
+            end = {("seq", 0): batch[-1].origin[2] + 1}
+            verdicts = deciding.decide(batch, source_offsets=end)
+            keep = np.flatnonzero(verdicts.stored).tolist()
+            storing.store(
+                [batch[row] for row in keep],
+                signatures=storing.signer.sign([batch[row].text for row in keep]),
+                source_offsets=end,
+            )
+            kept += verdicts.novel.tolist()
+        assert kept != [verdict.novel for verdict in whole]
+        assert list(stored.export()) == list(decided.export())
+        assert stored.source_offsets() == decided.source_offsets() == {("seq", 0): 12_000}
+        same = ("entries", "clock", "staged_rows", "unswept_removals")
+        assert {key: stored.stats()[key] for key in same} == {key: decided.stats()[key] for key in same}
+        on_decided, on_stored = deciding.decide(later), storing.decide(later)
+        assert [tuple(v)[:2] + tuple(v)[3:] for v in on_stored] == [tuple(v)[:2] + tuple(v)[3:] for v in on_decided]
+        assert 0 < sum(not v.novel for v in on_decided) < len(later)
+
+
 def test_replayed_document_is_not_its_own_duplicate(settings: Settings, tmp_path: Path) -> None:
     batch = [Document("t-0-5", BASE, 0.0, ("t", 0, 5))]
     with open_index(settings, tmp_path / "idx") as index:

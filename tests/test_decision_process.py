@@ -90,6 +90,30 @@ async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(
         await process.source_offsets()
 
 
+@pytest.mark.parametrize(("workers", "signed"), [(0, False), (1, False), (1, True)])
+async def test_documents_stored_as_kept_there_make_the_index_of_the_core_that_kept_them(
+    tmp_path: Path, workers: int, signed: bool
+) -> None:
+    settings = configured(tmp_path, "decided", workers)
+    kept = []
+    with open_index(settings, tmp_path / "decided") as index:
+        dedup = Deduplicator(settings, index)
+        for n, batch in enumerate(batches()):
+            stored = dedup.decide(batch, source_offsets={("in", 0): 1000 * (n + 1)}).stored
+            kept.append([doc for doc, keep in zip(batch, stored.tolist(), strict=True) if keep])
+        expected = list(index.export())
+    assert 0 < len(expected) < 3000
+    process = DecisionProcess(configured(tmp_path, "stored", workers))
+    async with process:
+        signer = Signer(settings.fingerprint, settings.dedup, process.plan)
+        for n, docs in enumerate(kept):
+            signatures = signer.sign([doc.text for doc in docs]) if signed else None
+            await process.store(docs, source_offsets={("in", 0): 1000 * (n + 1)}, signatures=signatures)
+        assert await process.source_offsets() == {("in", 0): 3000}
+    with open_index(settings, tmp_path / "stored") as index:
+        assert list(index.export()) == expected
+
+
 async def test_an_index_that_cannot_open_fails_start_with_its_own_error(tmp_path: Path) -> None:
     settings = configured(tmp_path, "index", 1)
     with open_index(settings, tmp_path / "index"):
