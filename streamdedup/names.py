@@ -49,6 +49,7 @@ __all__ = [
     "METRIC_PREFIX",
     "NOT_DECIDED",
     "NOT_SIGNED",
+    "VERDICTS_TOPIC_SUFFIX",
 ]
 
 # Kafka headers the service adds to what it publishes.
@@ -78,6 +79,8 @@ DEFAULT_INPUT_TOPIC = "streamdedup-input"
 DEFAULT_OUTPUT_TOPIC = "streamdedup-output"
 DEFAULT_DUPLICATES_TOPIC = "streamdedup-duplicates"
 DEFAULT_DEAD_LETTER_TOPIC = "streamdedup-dead-letters"
+# Scaled out: the decider's verdict records go to the sequence topic's name plus this.
+VERDICTS_TOPIC_SUFFIX = ".verdicts"
 DEFAULT_CONSUMER_GROUP = "streamdedup"
 
 # Why a record went to the dead-letter topic (value of HEADER_DEAD_LETTER_REASON and a metric label).

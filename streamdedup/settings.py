@@ -23,6 +23,7 @@ from .names import (
     DEFAULT_DEAD_LETTER_TOPIC,
     DEFAULT_INPUT_TOPIC,
     DEFAULT_OUTPUT_TOPIC,
+    VERDICTS_TOPIC_SUFFIX,
 )
 
 __all__ = [
@@ -253,11 +254,20 @@ class KafkaSettings(Section):
 
     @model_validator(mode="after")
     def _sequence_apart(self) -> KafkaSettings:
-        topic = self.sequence_topic
         taken = [*self.input_topics, self.output_topic, self.dead_letter_topic, self.duplicates_topic]
-        if topic is not None and topic in taken:
-            raise ValueError(f"sequence_topic {topic!r} must be a topic of its own (it is also an input or output)")
+        for topic in (self.sequence_topic, self.verdicts_topic):
+            if topic is not None and topic in taken:
+                raise ValueError(
+                    f"sequence_topic {self.sequence_topic!r} and its verdicts topic {self.verdicts_topic!r} must be "
+                    f"topics of their own ({topic!r} is also an input or output)"
+                )
         return self
+
+    @property
+    def verdicts_topic(self) -> str | None:
+        """Scaled out, the topic of the decider's verdict records (the sequence topic's name and
+        ``.verdicts``): what every other instance's index follows the decider's by."""
+        return None if self.sequence_topic is None else f"{self.sequence_topic}{VERDICTS_TOPIC_SUFFIX}"
 
     @property
     def _transactional_base(self) -> str:

@@ -128,10 +128,15 @@ def test_a_scaled_out_deployment_derives_its_roles_names_from_the_group_not_the_
         KafkaSettings().decider()
 
 
-@pytest.mark.parametrize("topic", ["news", "streamdedup-output", "streamdedup-dead-letters"])
-def test_the_sequence_topic_is_a_topic_of_its_own(topic: str) -> None:
-    with pytest.raises(ValidationError, match="must be a topic of its own"):
-        KafkaSettings(input_topics=["news"], sequence_topic=topic)
+@pytest.mark.parametrize(
+    ("topic", "taken"),
+    [("news", "news"), ("streamdedup-dead-letters", "streamdedup-dead-letters"), ("out", "out.verdicts")],
+)
+def test_the_sequence_topic_and_its_verdicts_topic_are_topics_of_their_own(topic: str, taken: str) -> None:
+    with pytest.raises(ValidationError, match=f"must be topics of their own \\('{taken}' is also"):
+        KafkaSettings(input_topics=["news"], output_topic="out.verdicts", sequence_topic=topic)
+    assert KafkaSettings(sequence_topic="orders-sequence").verdicts_topic == "orders-sequence.verdicts"
+    assert KafkaSettings().verdicts_topic is None
 
 
 def test_every_input_record_must_fit_a_sequence_record() -> None:

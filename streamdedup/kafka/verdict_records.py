@@ -1,0 +1,64 @@
+"""Verdict records: which input records of one of the decider's batches its index stored.
+
+Scaled out, the decider publishes one verdict record with each batch, in the batch's Kafka transaction, to the
+verdicts topic (the sequence topic's name and ``.verdicts``, one partition). An instance that brings its index
+level with the decider's (the warm standby, a decider whose index is behind, an index rebuilt from Kafka) stores
+the documents these records name, in the same batches, instead of deciding the sequence topic again: its index
+then holds exactly what the decider's held, even where a candidate bound made the decider's verdicts depend on
+how its batches were cut. A record is msgpack: the format, the batch's first sequence offset, the offset after
+it, and a bit per input record its sequence records carry, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+__all__ = ["VERDICTS_FORMAT", "BatchVerdicts", "NotAVerdictRecord"]
+
+VERDICTS_FORMAT = 1
+"""The packing's version, first in every verdict record: a reader refuses one it does not know."""
+
+
+class NotAVerdictRecord(ValueError):
+    """A record of the verdicts topic that this version cannot unpack."""
+
+
+@dataclass(frozen=True, eq=False)
+class BatchVerdicts:
+    """The sequence records from offset ``first`` up to ``end`` (the offset the decider committed after them)
+    were decided as one batch; ``stored`` says, per input record they carry in order, whether the index stored
+    its document."""
+
+    first: int
+    end: int
+    stored: np.ndarray
+
+    def packed(self) -> bytes:
+        stored = np.asarray(self.stored, dtype=bool)
+        return msgpack.packb(
+            [VERDICTS_FORMAT, self.first, self.end, len(stored), np.packbits(stored).tobytes()], use_bin_type=True
+        )
+
+    @classmethod
+    def unpacked(cls, value: bytes | None) -> BatchVerdicts:
+        """Raises :class:`NotAVerdictRecord`."""
+        try:
+            version, first, end, count, bits = msgpack.unpackb(value or b"", use_list=True, raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise NotAVerdictRecord(f"not a verdict record: {type(exc).__name__}: {exc}") from exc
+        if version != VERDICTS_FORMAT:
+            raise NotAVerdictRecord(f"a verdict record of format {version!r}; this version reads {VERDICTS_FORMAT}")
+        if not (
+            isinstance(first, int)
+            and isinstance(end, int)
+            and isinstance(count, int)
+            and isinstance(bits, bytes)
+            and 0 <= first < end
+            and 0 <= count <= 8 * len(bits) < count + 8
+        ):
+            raise NotAVerdictRecord(f"not a verdict record: offsets {first!r}..{end!r}, {count!r} records")
+        stored = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), count=count).astype(bool)
+        return cls(first, end, stored)
