@@ -6,7 +6,8 @@ process (``dedup.workers`` >= 1) each has a core. Calls are served one at a time
 index sees exactly the sequence of batches it would see in-process; a call made while another runs waits in
 the worker's pipe, so the worker goes from one batch to the next without waiting for the service's process.
 Batches that have queued up there while it decided one (the decider is behind) are decided together, in one
-LMDB transaction: the same verdicts, and the index's costs per transaction paid once for all of them.
+LMDB transaction: the same verdicts (but where a candidate bound binds), and the index's costs per transaction
+paid once for all of them.
 With ``dedup.workers: 0`` the same calls run in one thread of the service's process instead, one by one.
 """
 

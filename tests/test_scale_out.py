@@ -21,10 +21,12 @@ from aiokafka.structs import ConsumerRecord
 
 from streamdedup.decide import Deduplicator, open_index
 from streamdedup.document import Document, DocumentDecoder
-from streamdedup.kafka.admin import admin_client, ensure_topics
+from streamdedup.kafka.admin import admin_client, ensure_topics, partition_counts
 from streamdedup.kafka.broker import LocalBroker
+from streamdedup.quality.natural import load_natural
 from streamdedup.service.origins import Origins
-from streamdedup.settings import Settings, load_settings
+from streamdedup.service.sequencer import prepare_sequence_topic
+from streamdedup.settings import ConfigError, Settings, load_settings
 from tests.conftest import OutRecord, consume_records, process_state, produce_records
 from tests.test_service import Topics, start_service, wait_for, write_config
 
@@ -48,6 +50,8 @@ class Deployment:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     # Signing workers per instance (none: the sequencer signs in a thread, the decider's process keys).
     workers: int = 0
+    # Other dedup settings of every instance.
+    dedup: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sequence_topic(self) -> str:
@@ -73,7 +77,7 @@ class Deployment:
             "index": {"path": str(self.index_path(name)), "expected_entries": 100_000, "max_age_seconds": None},
             "input": {"id_field": "id"},
             "metrics": {"enabled": False},
-            "dedup": {"workers": self.workers},
+            "dedup": {"workers": self.workers, **self.dedup},
             "logging": {"format": "json"},
         }
 
@@ -147,6 +151,12 @@ class Deployment:
         settings = load_settings(None, **self.settings("oracle"))
         return await asyncio.to_thread(_single_core, settings, await self._sequenced())
 
+    def indexed(self, name: str) -> list[str]:
+        """The ids an instance's index holds (the instance stopped), sorted."""
+        settings = load_settings(None, **self.settings(name))
+        with open_index(settings, self.index_path(name)) as index:
+            return sorted(entry["id"] for entry in index.export())
+
     async def _sequenced(self) -> list[ConsumerRecord]:
         return await consume_records(self.bootstrap, self.sequence_topic)
 
@@ -187,6 +197,16 @@ def clusters(first: int, count: int, copies: int, seed: int) -> list[OutRecord]:
             value = json.dumps({"id": f"c{cluster}-{copy}", "text": " ".join(text)}).encode()
             records.append(OutRecord(value, partition=(cluster + copy) % _PARTITIONS))
     return records
+
+
+def natural(first: int, count: int) -> list[OutRecord]:
+    """Texts of the shipped natural split (package descriptions: templates, forks, boilerplate), spread over the
+    partitions in turn."""
+    shipped, _ = load_natural()
+    return [
+        OutRecord(json.dumps({"id": doc.id, "text": doc.text}).encode(), partition=row % _PARTITIONS)
+        for row, doc in enumerate(shipped[first : first + count], start=first)
+    ]
 
 
 def renamed(records: list[OutRecord], prefix: str, shift: int) -> list[OutRecord]:
@@ -392,6 +412,59 @@ async def test_an_index_deleted_on_every_instance_is_rebuilt_from_the_sequence_t
     await assert_exactly_once_as_one_core(deployment, produced)
     _, duplicates, _ = await deployment.results()
     assert {doc_id for doc_id in _ids(duplicates) if doc_id.startswith("copy-")} == {f"copy-c{i}-0" for i in range(60)}
+
+
+async def test_every_index_holds_what_the_decider_published_even_where_its_batch_cuts_decide(
+    deployment: Deployment,
+) -> None:
+    """Tight candidate bounds on natural text make some of the decider's verdicts depend on how its batches were
+    cut (see ``test_decide``): the standby's index, and indexes rebuilt from Kafka alone, still hold exactly the
+    documents it published, as they store its verdicts instead of deciding again."""
+    deployment.dedup = {"max_candidates": 2, "key_capacity": 4}
+    await started(deployment, ["a", "b"])
+    first = natural(0, 1500)
+    await deployment.produce(first)
+    await deployment.settled(len(first))
+    decider = deployment.decider()
+    assert decider is not None
+    standby = "b" if decider == "a" else "a"
+    assert "following the decider" in deployment.log(standby).read_text()
+    assert deployment.stop_all() == {"a": 0, "b": 0}
+    output, duplicates, _ = await deployment.results()
+    assert 0 < len(duplicates) < len(first)
+    assert deployment.indexed(decider) == deployment.indexed(standby) == sorted(_ids(output))
+    for name in ("a", "b"):
+        shutil.rmtree(deployment.index_path(name))
+    await started(deployment, ["a", "b"])
+    second = natural(1500, 500)
+    await deployment.produce(second)
+    produced = first + second
+    await deployment.settled(len(produced))
+    assert deployment.stop_all() == {"a": 0, "b": 0}
+    output, duplicates, dead = await deployment.results()
+    assert sorted(_ids(output) + _ids(duplicates)) == sorted(json.loads(r.value or b"")["id"] for r in produced)
+    assert dead == []
+    assert deployment.indexed("a") == deployment.indexed("b") == sorted(_ids(output))
+    logs = deployment.log("a").read_text() + deployment.log("b").read_text()
+    assert "level with the decider's verdicts" in logs
+    assert "no verdict record covers" not in logs
+
+
+async def test_the_sequence_and_verdicts_topics_are_made_with_one_partition_and_refused_with_more(
+    kafka_bootstrap: str,
+) -> None:
+    unique = uuid.uuid4().hex[:8]
+    settings = load_settings(None, kafka={"bootstrap_servers": kafka_bootstrap, "sequence_topic": f"seq-{unique}"})
+    async with admin_client(bootstrap_servers=kafka_bootstrap) as admin:
+        await prepare_sequence_topic(admin, settings)
+        assert await partition_counts(admin, [f"seq-{unique}", f"seq-{unique}.verdicts"]) == {
+            f"seq-{unique}": 1,
+            f"seq-{unique}.verdicts": 1,
+        }
+        crowded = load_settings(None, kafka={"bootstrap_servers": kafka_bootstrap, "sequence_topic": f"two-{unique}"})
+        await ensure_topics(admin, {f"two-{unique}.verdicts": 2})
+        with pytest.raises(ConfigError, match=f"the topic two-{unique}.verdicts has 2 partitions"):
+            await prepare_sequence_topic(admin, crowded)
 
 
 async def test_a_broker_restart_while_input_flows_changes_nothing(tmp_path: Path) -> None:

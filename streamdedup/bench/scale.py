@@ -56,7 +56,7 @@ from ..kafka.admin import admin_client, ensure_topics
 from ..kafka.consumer import partition_fetch_bytes
 from ..kafka.producer import send_batched
 from ..kafka.records import OutgoingRecord, decoded_records
-from ..names import METRIC_PREFIX
+from ..names import METRIC_PREFIX, VERDICTS_TOPIC_SUFFIX
 from ..service.origins import Origins
 from ..settings import Settings
 from ..signature import signing_id
@@ -423,7 +423,10 @@ class _Deployment:
 
     async def delete(self) -> None:
         await self.stop()
-        await _delete(self.bootstrap, list(self.topics.values()))
+        topics = self.topics
+        # A scaled-out deployment's verdicts topic is named after its sequence topic.
+        verdicts = [f"{topics['seq']}{VERDICTS_TOPIC_SUFFIX}"] if self.scaled_out else []
+        await _delete(self.bootstrap, [*topics.values(), *verdicts])
 
 
 def _seconds(process: psutil.Process | None) -> float:

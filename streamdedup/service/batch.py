@@ -29,6 +29,7 @@ from ..kafka.records import (
     record_bytes,
     truncated_dead_letter,
 )
+from ..kafka.verdict_records import BatchVerdicts
 from ..names import (
     DEAD_LETTER_DECIDE_CRASH,
     DEAD_LETTER_DECIDE_ERROR,
@@ -54,12 +55,14 @@ _DECIDE_CRASH = "killed the decision process: DecisionProcessDied: it died decid
 class Prepared:
     """A fetched batch, decoded, its texts handed to the signing workers (``signing`` None: sign in-thread).
     ``records`` are the input records it carries, each with its ``origins`` (see :mod:`.origins`);
-    ``fetched`` the records fetched, ``next_offsets`` the offsets after them."""
+    ``fetched`` the records fetched, ``next_offsets`` the offsets after them; ``rows`` the positions in
+    ``records`` of the ``documents``."""
 
     fetched: Sequence[ConsumerRecord]
     records: Sequence[ConsumerRecord]
     origins: list[Origin]
     decoded: list[Document | DeadLetter]
+    rows: list[int]
     documents: list[Document]
     next_offsets: dict[TopicPartition, int]
     signing: Future[Signatures] | None
@@ -77,6 +80,8 @@ class Decided:
     dropped: list[tuple[Document, Verdict]]
     dead: list[DeadLetter]
     started: float
+    verdicts: OutgoingRecord | None = None
+    """Scaled out, the batch's verdict record (:mod:`..kafka.verdict_records`)."""
 
 
 class BatchOutput:
@@ -122,7 +127,26 @@ class BatchOutput:
         outgoing, dropped, dead = self._outgoing(records, prepared.decoded, prepared.documents, verdicts)
         if self.limits and largest_record_bytes(outgoing) > min(self.limits.values()):
             outgoing = self._fitted(prepared, outgoing, dropped, dead)
-        return Decided(prepared.fetched, records, prepared.next_offsets, outgoing, dropped, dead, prepared.started)
+        return Decided(
+            prepared.fetched,
+            records,
+            prepared.next_offsets,
+            outgoing,
+            dropped,
+            dead,
+            prepared.started,
+            self._verdict_record(prepared, verdicts),
+        )
+
+    def _verdict_record(self, prepared: Prepared, verdicts: Verdicts) -> OutgoingRecord | None:
+        """Scaled out, which of the batch's input records the index stored, for the instances that follow."""
+        topic = self._settings.kafka.verdicts_topic
+        if topic is None:
+            return None
+        stored = np.zeros(len(prepared.records), dtype=bool)
+        stored[prepared.rows] = verdicts.stored
+        (end,) = prepared.next_offsets.values()
+        return OutgoingRecord(topic, BatchVerdicts(prepared.fetched[0].offset, end, stored).packed(), None, ())
 
     def _fitted(
         self,

@@ -20,6 +20,7 @@ from functools import reduce
 from operator import attrgetter
 from typing import cast
 
+import numpy as np
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
@@ -30,6 +31,7 @@ from ..index import STORAGE_ERRORS
 from ..kafka.consumer import BatchConsumer
 from ..kafka.producer import TransactionalProducer
 from ..kafka.records import decoded_records
+from ..kafka.verdict_records import BatchVerdicts
 from ..lifecycle import StopRequest
 from ..metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from ..settings import Settings
@@ -197,6 +199,44 @@ class BatchPipeline:
     async def replay(self, records: Sequence[ConsumerRecord]) -> None:
         """Decide ``records`` into the index, publishing nothing: reconciliation replays what the index lacks."""
         await self._verdicts(self._prepare(records))
+
+    async def store(self, verdicts: BatchVerdicts, fetched: Sequence[ConsumerRecord], after: int) -> None:
+        """Store in the index what the decider's stored of ``fetched`` (the sequence records of its batch
+        ``verdicts``) from sequence offset ``after`` on, deciding nothing and publishing nothing. Records that do
+        not match the verdicts (an instance configured otherwise, a damaged record) are decided instead, loudly."""
+        prepared = self._prepare(fetched)
+        where = f"sequence offsets {verdicts.first}..{verdicts.end - 1}"
+        if len(verdicts.stored) != len(prepared.records):
+            log.error(
+                "the decider's verdicts of %s name %d input records, the sequence topic holds %d there; deciding "
+                "them instead",
+                where,
+                len(verdicts.stored),
+                len(prepared.records),
+            )
+            await self._verdicts(prepared)
+            return
+        signatures = await self._signers.signatures(prepared.signing)
+        indexable = np.ones(len(prepared.rows), dtype=bool) if signatures is None else signatures.indexable
+        lost = np.count_nonzero(verdicts.stored) - np.count_nonzero(verdicts.stored[prepared.rows] & indexable)
+        if lost:
+            log.error(
+                "the decider stored %d documents of %s that this instance cannot decode or sign alike (is every "
+                "instance configured alike?); this index lacks them",
+                lost,
+                where,
+            )
+        due = verdicts.stored
+        if after > verdicts.first:
+            # The index holds the batch's first sequence records already (it was cut there): not again.
+            offsets = np.fromiter((origin[2] for origin in prepared.origins), np.int64, len(prepared.origins))
+            due = due & (offsets >= self.origins.index_offset(after))
+        keep = np.flatnonzero(due[prepared.rows] & indexable).tolist()
+        await self._decisions.store(
+            [prepared.documents[row] for row in keep],
+            source_offsets=self._index_offsets(prepared.next_offsets),
+            signatures=None if signatures is None else signatures.subset(keep),
+        )
 
     async def in_flight_ended(self) -> None:
         """Wait for the Kafka transaction in flight, if any; its failure is left in it for ``run`` to raise."""
@@ -387,7 +427,7 @@ class BatchPipeline:
         last_offsets = {(record.topic, record.partition): record.offset for record in fetched}
         next_offsets = {TopicPartition(*partition): offset + 1 for partition, offset in last_offsets.items()}
         signing = self._signed(carried, rows) or self._signers.submit([doc.text for doc in documents])
-        return Prepared(fetched, records, origins, decoded, documents, next_offsets, signing, started)
+        return Prepared(fetched, records, origins, decoded, rows, documents, next_offsets, signing, started)
 
     def _signed(self, carried: Carried, rows: list[int]) -> Future[Signatures] | None:
         """The signatures the sequencing instances made of these records' documents, if they made them all
@@ -435,7 +475,8 @@ class BatchPipeline:
         produce_started = time.perf_counter()
         async with asyncio.timeout(kafka.transaction_timeout_ms / 1000):
             try:
-                commit_seconds = await producer.publish(decided.outgoing, decided.next_offsets, kafka.group_id)
+                outgoing = decided.outgoing if decided.verdicts is None else [*decided.outgoing, decided.verdicts]
+                commit_seconds = await producer.publish(outgoing, decided.next_offsets, kafka.group_id)
             except BaseException:
                 self._metrics.record_transaction("aborted")
                 raise

@@ -3,7 +3,8 @@
 LMDB commits first, so the index is never behind Kafka; when Kafka did not commit (crash, outage), the index is
 rolled back to the committed offsets and the batches are fetched and decided again (with the same verdicts, but
 where a candidate bound binds and the batches are cut elsewhere: none of them was published). An
-index behind Kafka (lost, replaced, new) replays what it lacks, publishing nothing. Where Kafka has no offset,
+index behind Kafka (lost, replaced, new) replays what it lacks, publishing nothing; scaled out, it stores what the
+decider's verdict records say the decider stored (:mod:`.follower`). Where Kafka has no offset,
 the partition resumes where the index is, and that offset is committed before anything is decided: from then
 on Kafka has one, so a batch the index holds but Kafka never committed is always rolled back.
 
@@ -25,6 +26,7 @@ from ..lifecycle import StopRequest
 from ..metrics import ServiceMetrics
 from ..settings import Settings
 from .batch_pipeline import BatchPipeline
+from .follower import Follower
 from .partition_ownership import Ownership, PartitionOwnership
 
 __all__ = ["Reconciler"]
@@ -158,6 +160,8 @@ class Reconciler:
             "records into the index, publishing nothing",
             ", ".join(f"{tp.topic}[{tp.partition}]: {behind[tp]} < {committed[tp]}" for tp in sorted(behind)),
         )
+        if self._pipeline.origins.sequenced:
+            return await self._followed(consumer, behind, committed)
         ends = {tp: committed[tp] for tp in behind}
         consumer.pause(assigned - ends.keys())
         consumer.seek(behind)
@@ -186,4 +190,23 @@ class Reconciler:
         finally:
             consumer.resume(assigned)
         log.info("replayed %d records into the index", replayed)
+        return True
+
+    async def _followed(
+        self, consumer: BatchConsumer, behind: Mapping[TopicPartition, int], committed: Mapping[TopicPartition, int]
+    ) -> bool:
+        """Scaled out: store what the decider's verdict records say the index lacks (:class:`.follower.Follower`),
+        deciding only what none covers. False when a rebalance or a stop interrupted it."""
+        assigned = consumer.assignment()
+        ((tp, held),) = behind.items()
+        async with Follower(self._settings, self._pipeline, self._stop, decide_uncovered=True) as follower:
+            while held < committed[tp]:
+                if (
+                    self._stop.is_set()
+                    or self._ownership.state is not Ownership.RECONCILING
+                    or consumer.assignment() != assigned
+                ):
+                    return False
+                held = await follower.level(held, committed[tp])
+        log.info("the index is level with the decider's verdicts up to sequence offset %d", held)
         return True

@@ -60,26 +60,28 @@ def sequence_topic_configs(settings: Settings) -> dict[str, str]:
 
 
 async def prepare_sequence_topic(admin: AIOKafkaAdminClient, settings: Settings) -> int:
-    """Create the sequence topic if it is missing (when ``kafka.create_topics``) and check that it has one
-    partition; the largest record it takes. Both roles call it before they subscribe: a consumer that subscribes
-    to a topic before it exists sees it only at its next metadata refresh, minutes later."""
+    """Create the sequence topic and its verdicts topic if they are missing (when ``kafka.create_topics``) and
+    check that each has one partition; the largest record the sequence topic takes. Both roles call it before
+    they subscribe: a consumer that subscribes to a topic before it exists sees it only at its next metadata
+    refresh, minutes later."""
     kafka = settings.kafka
-    topic = kafka.sequence_topic
-    if topic is None:
+    topic, verdicts = kafka.sequence_topic, kafka.verdicts_topic
+    if topic is None or verdicts is None:
         raise ValueError("no kafka.sequence_topic")
     if kafka.create_topics:
+        # The verdicts are kept as long as the batches they are of.
+        configs = sequence_topic_configs(settings)
         await ensure_topics(
             admin,
-            {topic: 1},
+            {topic: 1, verdicts: 1},
             replication_factor=kafka.topic_replication_factor,
-            configs={topic: sequence_topic_configs(settings)},
+            configs={topic: configs, verdicts: configs},
         )
-    partitions = (await partition_counts(admin, [topic])).get(topic)
-    if partitions is not None and partitions != 1:
-        raise ConfigError(
-            f"the sequence topic {topic} has {partitions} partitions: it must have exactly one (its order is the "
-            "order of every decision)"
-        )
+    counts = await partition_counts(admin, [topic, verdicts])
+    for name, role in ((topic, "its order is the order of every decision"), (verdicts, "it follows that order")):
+        partitions = counts.get(name)
+        if partitions is not None and partitions != 1:
+            raise ConfigError(f"the topic {name} has {partitions} partitions: it must have exactly one ({role})")
     return (await topic_record_limits(admin, [topic], kafka.max_request_bytes))[topic]
 
 

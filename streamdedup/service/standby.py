@@ -2,11 +2,11 @@
 
 Instances that do not decide join the standby group (the decider group's name plus ``.standby``), which Kafka
 gives the sequence partition to one of them: that one follows. The decider's committed offset on the sequence
-topic says how far its decisions are final; the standby reads the sequence topic up to there and decides it
-into its own index, publishing nothing. The decision core's verdicts depend only on the order, so its index
-becomes the decider's, and when Kafka hands it the decider's partition it has little or nothing to replay
-(``Reconciler``) before it decides. Following costs a decider's CPU, so there is one standby, not one per
-instance; with ``kafka.warm_standby`` off there is none, and a new decider replays what its index lacks.
+topic says how far its decisions are final; the standby stores, batch by batch, what the decider's verdict
+records say its index stored up to there (:class:`.follower.Follower`), publishing nothing. Its index is then
+the decider's, and when Kafka hands it the decider's partition it has little or nothing to replay
+(``Reconciler``) before it decides. Following reads the sequence topic again, so there is one standby, not one
+per instance; with ``kafka.warm_standby`` off there is none, and a new decider replays what its index lacks.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ..lifecycle import StopRequest
 from ..metrics import ServiceMetrics
 from ..settings import Settings
 from .batch_pipeline import BatchPipeline
+from .follower import Follower
 
 __all__ = ["Standby"]
 
@@ -68,37 +69,50 @@ class Standby:
             while not consumer.assignment() and not self._stop.is_set():
                 await consumer.batch()
             return not self._stop.is_set()
-        follower = AIOKafkaConsumer(
+        group = AIOKafkaConsumer(
             # A dynamic member: leaving the group (to decide, or to stop) hands the standby's part over at once.
             group_id=f"{kafka.group_id}.standby",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
-            fetch_max_bytes=kafka.fetch_max_bytes,
             session_timeout_ms=kafka.session_timeout_ms,
             heartbeat_interval_ms=kafka.heartbeat_interval_ms,
             **common_options(kafka),
         )
-        await follower.start()
-        following = False
+        await group.start()
+        follower: Follower | None = None
         try:
-            follower.subscribe([self._partition.topic])
+            group.subscribe([self._partition.topic])
             while not consumer.assignment():
                 if self._stop.is_set():
                     return False
-                if following != bool(follower.assignment()):
-                    following = not following
-                    log.info("%s the decider", "following" if following else "no longer following")
-                    self._metrics.record_standby_lag(0)
-                    self._metrics.record_roles(following=following)
-                if not (following and await self._followed(consumer, follower)):
-                    await follower.getmany(timeout_ms=0)
+                if (follower is not None) != bool(group.assignment()):
+                    follower = await self._followed_by(follower)
+                # The group only says who follows: its consumer reads nothing, and is polled to stay in it.
+                group.pause(*group.assignment())
+                await group.getmany(timeout_ms=0)
+                if not (follower is not None and await self._followed(consumer, follower)):
                     await self._stop.sleep(_LEVEL_POLL_SECONDS)
                 await consumer.batch(wait=False)
         finally:
-            await follower.stop()
+            if follower is not None:
+                await follower.stop()
+            await group.stop()
             self._metrics.record_roles(following=False)
         return not self._stop.is_set()
+
+    async def _followed_by(self, follower: Follower | None) -> Follower | None:
+        """A follower when there is none (the standby group gave this instance the sequence partition), else
+        none (it moved away)."""
+        log.info("%s the decider", "following" if follower is None else "no longer following")
+        self._metrics.record_standby_lag(0)
+        self._metrics.record_roles(following=follower is None)
+        if follower is not None:
+            await follower.stop()
+            return None
+        follower = Follower(self._settings, self._pipeline, self._stop, decide_uncovered=False)
+        await follower.start()
+        return follower
 
     async def claim_progress(self) -> int:
         """How far the index has got on the sequence topic, which is what this instance claims when it joins
@@ -108,18 +122,13 @@ class Standby:
         self._claim.progress = self._pipeline.origins.kafka_offset(stored)
         return self._claim.progress
 
-    async def _followed(self, consumer: BatchConsumer, follower: AIOKafkaConsumer) -> bool:
-        """Decide the next records the decider has committed and the index lacks; False when level."""
+    async def _followed(self, consumer: BatchConsumer, follower: Follower) -> bool:
+        """Store the next batch the decider has committed and the index lacks; False when level, or when its
+        verdicts are not readable yet."""
         tp = self._partition
         decided = (await consumer.committed([tp]))[tp] or 0
         held = await self.claim_progress()
         self._metrics.record_standby_lag(max(0, decided - held))
         if held >= decided:
             return False
-        if await follower.position(tp) != held:
-            follower.seek(tp, held)
-        fetched = await follower.getmany(tp, timeout_ms=self._settings.kafka.batch_timeout_ms)
-        records = [record for record in fetched.get(tp, []) if record.offset < decided]
-        if records:
-            await self._pipeline.replay(records)
-        return True
+        return await follower.level(held, decided) > held

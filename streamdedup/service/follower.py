@@ -1,0 +1,185 @@
+"""The follower: brings this instance's index level with the decider's by the decider's verdict records.
+
+The warm standby, and a decider whose index is behind the decider group's committed offset (it was lost, or
+another instance decided meanwhile), read the verdicts topic (:mod:`..kafka.verdict_records`) and, for each of
+the decider's batches, the sequence records the batch was; they store the documents the decider's index stored,
+in the same batches (``BatchPipeline.store``), and decide nothing. The index then holds exactly what the
+decider's held, even where a candidate bound made the decider's verdicts depend on how its batches were cut, and
+following costs a fraction of deciding. Sequence records that no verdict record covers (decided by a version that
+published none, or whose verdict record is damaged) are decided again instead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from ..kafka.clients import common_options
+from ..kafka.consumer import partition_fetch_bytes
+from ..kafka.verdict_records import BatchVerdicts, NotAVerdictRecord
+from ..lifecycle import Lifecycle, StopRequest
+from ..settings import Settings
+from .batch_pipeline import BatchPipeline
+
+__all__ = ["Follower"]
+
+log = logging.getLogger(__name__)
+
+
+class Follower(Lifecycle):
+    """Reads the verdicts topic and the sequence topic, each through a consumer of its own outside any group;
+    ``level`` stores the next of the decider's batches that the index lacks. ``start()``/``stop()`` (idempotent),
+    or ``async with``.
+
+    ``decide_uncovered``: sequence records below the decider's committed offset that no readable verdict record
+    covers are decided (a decider, which fenced every earlier one, so that every verdict record is readable), or
+    waited for (the standby: the commit of the decider's last transaction may show on its offset a moment
+    before on its verdict record)."""
+
+    def __init__(
+        self, settings: Settings, pipeline: BatchPipeline, stop: StopRequest, *, decide_uncovered: bool
+    ) -> None:
+        kafka = settings.kafka
+        if kafka.sequence_topic is None or kafka.verdicts_topic is None:
+            raise ValueError("a follower needs kafka.sequence_topic")
+        self._settings = settings
+        self._pipeline = pipeline
+        self._stop = stop
+        self._decide_uncovered = decide_uncovered
+        self._sequence = TopicPartition(kafka.sequence_topic, 0)
+        self._verdicts = TopicPartition(kafka.verdicts_topic, 0)
+        self._consumers: dict[TopicPartition, AIOKafkaConsumer] = {}
+        # The verdict records read and not yet stored, and whether the verdicts consumer was placed for them.
+        self._pending: list[BatchVerdicts] = []
+        self._placed = False
+        # Sequence records fetched ahead: every record from ``_ahead_from`` up to the consumer's position.
+        self._ahead: list[ConsumerRecord] = []
+        self._ahead_from = -1
+
+    async def start(self) -> None:
+        if self._consumers:
+            return
+        kafka = self._settings.kafka
+        for tp in (self._sequence, self._verdicts):
+            consumer = AIOKafkaConsumer(
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                isolation_level="read_committed",
+                fetch_max_bytes=kafka.fetch_max_bytes,
+                max_partition_fetch_bytes=partition_fetch_bytes(self._settings.input.max_message_bytes),
+                **common_options(kafka),
+            )
+            self._consumers[tp] = consumer
+            await consumer.start()
+            consumer.assign([tp])
+
+    async def stop(self) -> None:
+        consumers, self._consumers = self._consumers, {}
+        for consumer in consumers.values():
+            await consumer.stop()
+
+    async def level(self, held: int, until: int) -> int:
+        """Store the next of the decider's batches after sequence offset ``held`` (the index holds what comes
+        before it) and below ``until`` (the decider's committed offset), or decide what no verdict record
+        covers there; the offset the index holds up to after that, ``held`` when there was nothing to do yet."""
+        verdicts = await self._next_verdicts(held)
+        if verdicts is None or verdicts.first >= until:
+            if not self._decide_uncovered:
+                return held
+            return until if await self._decided(held, until) else held
+        if verdicts.first > held and not await self._decided(held, verdicts.first):
+            return held
+        fetched = await self._sequence_records(verdicts.first, verdicts.end)
+        if self._stop.is_set():
+            return held
+        await self._pipeline.store(verdicts, fetched, held)
+        self._pending.pop(0)
+        return verdicts.end
+
+    async def _decided(self, start: int, end: int) -> bool:
+        """Decide the sequence records from ``start`` up to ``end`` that no verdict record covers; False on a stop
+        (nothing decided)."""
+        fetched = await self._sequence_records(start, end)
+        if self._stop.is_set():
+            return False
+        if fetched:
+            log.warning("no verdict record covers sequence offsets %d..%d: deciding them again", start, end - 1)
+            await self._pipeline.replay(fetched)
+        return True
+
+    async def _next_verdicts(self, held: int) -> BatchVerdicts | None:
+        """The first readable verdict record of a batch that ends after ``held``."""
+        if not self._placed:
+            await self._place(held)
+        consumer = self._consumers[self._verdicts]
+        while True:
+            while self._pending and self._pending[0].end <= held:
+                self._pending.pop(0)
+            if self._pending:
+                return self._pending[0]
+            fetched = await consumer.getmany(self._verdicts, timeout_ms=self._settings.kafka.batch_timeout_ms)
+            records = fetched.get(self._verdicts, [])
+            if not records:
+                return None
+            for record in records:
+                try:
+                    self._pending.append(BatchVerdicts.unpacked(record.value))
+                except NotAVerdictRecord as exc:
+                    log.error("skipping the record at %s offset %d: %s", self._verdicts, record.offset, exc)
+
+    async def _place(self, held: int) -> None:
+        """Seek the verdicts consumer to the first record of a batch ending after ``held``, or a little before:
+        a bisection over the topic's offsets, a fetch a step (the records follow the sequence topic's order)."""
+        consumer = self._consumers[self._verdicts]
+        low = (await consumer.beginning_offsets([self._verdicts]))[self._verdicts]
+        high = (await consumer.end_offsets([self._verdicts]))[self._verdicts]
+        while low < high:
+            middle = (low + high) // 2
+            first = await self._first_at(middle, high)
+            if first is None:
+                high = middle
+            elif _ends_after(first, held):
+                high = first.offset
+            else:
+                low = first.offset + 1
+        consumer.seek(self._verdicts, low)
+        self._pending.clear()
+        self._placed = True
+
+    async def _first_at(self, offset: int, below: int) -> ConsumerRecord | None:
+        """The first readable record of the verdicts topic from ``offset`` on, if it is below ``below``."""
+        consumer = self._consumers[self._verdicts]
+        consumer.seek(self._verdicts, offset)
+        while await consumer.position(self._verdicts) < below:
+            fetched = await consumer.getmany(self._verdicts, timeout_ms=self._settings.kafka.batch_timeout_ms)
+            records = fetched.get(self._verdicts, [])
+            if records:
+                return records[0] if records[0].offset < below else None
+        return None
+
+    async def _sequence_records(self, start: int, end: int) -> list[ConsumerRecord]:
+        """The sequence topic's readable records from offset ``start`` up to ``end`` (fewer on a stop)."""
+        consumer = self._consumers[self._sequence]
+        position = await consumer.position(self._sequence) if self._ahead_from >= 0 else -1
+        if not self._ahead_from <= start <= position:
+            consumer.seek(self._sequence, start)
+            self._ahead, self._ahead_from, position = [], start, start
+        while position < end and not self._stop.is_set():
+            fetched = await consumer.getmany(self._sequence, timeout_ms=self._settings.kafka.batch_timeout_ms)
+            self._ahead += fetched.get(self._sequence, [])
+            position = await consumer.position(self._sequence)
+        records = [record for record in self._ahead if start <= record.offset < end]
+        self._ahead = [record for record in self._ahead if record.offset >= end]
+        self._ahead_from = max(self._ahead_from, min(end, position))
+        return records
+
+
+def _ends_after(record: ConsumerRecord, held: int) -> bool:
+    """Whether the verdicts topic's ``record`` is of a batch that ends after sequence offset ``held`` (a record
+    that is none counts as ending before: it is skipped)."""
+    try:
+        return BatchVerdicts.unpacked(record.value).end > held
+    except NotAVerdictRecord:
+        return False
