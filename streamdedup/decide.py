@@ -156,16 +156,18 @@ class Verdicts(Sequence[Verdict]):
 @dataclass(frozen=True, slots=True)
 class BatchTimings:
     """Seconds spent per stage of the last batch, for whoever measures (the service's metrics, benchmarks);
-    ``batches``: how many batches were decided together with it (its share of their time is what it shows)."""
+    ``batches``: how many batches were decided together with it (its share of their time is what it shows), and
+    ``leads`` whether it was the first of them (one call of the decision core began with it)."""
 
     fingerprint: float = 0.0
     lookup: float = 0.0
     store: float = 0.0
     batches: int = 1
+    leads: bool = True
 
-    def share(self, fraction: float, batches: int) -> BatchTimings:
+    def share(self, fraction: float, batches: int, *, leads: bool) -> BatchTimings:
         """One batch's part of the timings of ``batches`` decided together: ``fraction`` of each stage."""
-        return BatchTimings(self.fingerprint * fraction, self.lookup * fraction, self.store * fraction, batches)
+        return BatchTimings(self.fingerprint * fraction, self.lookup * fraction, self.store * fraction, batches, leads)
 
 
 @dataclass(frozen=True)

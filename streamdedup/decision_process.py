@@ -80,8 +80,11 @@ class _DecisionCore:
         parts = verdicts.split([len(rows) for rows, _, _ in batches])
         share = len(batches)
         return [
-            (part if signed is None else _unsigned(part), timings.share(len(part) / max(len(docs), 1), share))
-            for part, (_, _, signed) in zip(parts, batches, strict=True)
+            (
+                part if signed is None else _unsigned(part),
+                timings.share(len(part) / max(len(docs), 1), share, leads=at == 0),
+            )
+            for at, (part, (_, _, signed)) in enumerate(zip(parts, batches, strict=True))
         ]
 
     @served_together(decide_together, most=MOST_BATCHES_TOGETHER)

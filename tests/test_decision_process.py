@@ -70,13 +70,16 @@ async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(
             process.submit(batch, source_offsets={("in", 0): 1000 * (n + 1)}, signatures=signed_batch)
             for n, (batch, signed_batch) in enumerate(zip(batches(), signatures, strict=False))
         ]
-        got, together = [], []
+        got, together, groups = [], [], []
         for verdicts, timings in await asyncio.gather(*decisions):
             got += [(v.novel, v.reason, v.match_id, v.distance, v.jaccard, v.fingerprint.tolist()) for v in verdicts]
             assert timings.lookup >= 0 and timings.store > 0
             together.append(timings.batches)
+            # Each call's first batch leads it, and the call decided as many batches as each of them says.
+            groups = [*groups, [timings.batches]] if timings.leads else [*groups[:-1], [*groups[-1], timings.batches]]
         assert got == expected
         assert max(together) > 1 if workers else together == [1, 1, 1]
+        assert all(group == [len(group)] * len(group) for group in groups)
         assert await process.source_offsets() == {("in", 0): 3000}
         # Rolling back to offset 2000 removes exactly what the last batch kept.
         assert await process.rollback({("in", 0): 2000}) == sum(novel for novel, *_ in expected[2000:])

@@ -23,6 +23,8 @@ from streamdedup.decide import Deduplicator, open_index
 from streamdedup.document import Document, DocumentDecoder
 from streamdedup.kafka.admin import admin_client, ensure_topics, partition_counts
 from streamdedup.kafka.broker import LocalBroker
+from streamdedup.kafka.records import decoded_records
+from streamdedup.kafka.verdict_records import BatchVerdicts
 from streamdedup.quality.natural import load_natural
 from streamdedup.service.origins import Origins
 from streamdedup.service.sequencer import prepare_sequence_topic
@@ -151,6 +153,17 @@ class Deployment:
         settings = load_settings(None, **self.settings("oracle"))
         return await asyncio.to_thread(_single_core, settings, await self._sequenced())
 
+    async def single_core_in_the_deciders_calls(self) -> list[str]:
+        """The ids one decision core keeps deciding the sequence topic in order, in the calls the decider's
+        verdict records name (its batches, and which of them it decided together), from a fresh index."""
+        settings = load_settings(None, **self.settings("oracle"))
+        shutil.rmtree(settings.index.path, ignore_errors=True)
+        verdicts = await consume_records(self.bootstrap, f"{self.sequence_topic}.verdicts")
+        calls: list[list[BatchVerdicts]] = []
+        for batch in (BatchVerdicts.unpacked(record.value) for record in verdicts):
+            calls = [*calls, [batch]] if batch.leads or not calls else [*calls[:-1], [*calls[-1], batch]]
+        return await asyncio.to_thread(_single_core_in_calls, settings, await self._sequenced(), calls)
+
     def indexed(self, name: str) -> list[str]:
         """The ids an instance's index holds (the instance stopped), sorted."""
         settings = load_settings(None, **self.settings(name))
@@ -177,6 +190,26 @@ def _single_core(settings: Settings, fetched: list[ConsumerRecord]) -> tuple[lis
     kept = [doc.id for doc, novel in zip(documents, verdicts.novel.tolist(), strict=True) if novel]
     dropped = [doc.id for doc, novel in zip(documents, verdicts.novel.tolist(), strict=True) if not novel]
     return kept, dropped
+
+
+def _single_core_in_calls(
+    settings: Settings, fetched: list[ConsumerRecord], calls: list[list[BatchVerdicts]]
+) -> list[str]:
+    origins, decoder = Origins(sequenced=True), DocumentDecoder(settings.input)
+    kept: list[str] = []
+    with open_index(settings, settings.index.path) as index:
+        dedup = Deduplicator(settings, index)
+        for call in calls:
+            documents: list[Document] = []
+            parts: list[tuple[int, dict[tuple[str, int], int]]] = []
+            for batch in call:
+                carried = origins.carried([record for record in fetched if batch.first <= record.offset < batch.end])
+                decoded = decoded_records(decoder, carried.records, carried.origins)
+                documents += [item for item in decoded if isinstance(item, Document)]
+                parts.append((len(documents), {(fetched[0].topic, 0): origins.index_offset(batch.end)}))
+            verdicts = dedup.decide(documents, part_offsets=parts)
+            kept += [doc.id for doc, novel in zip(documents, verdicts.novel.tolist(), strict=True) if novel]
+    return kept
 
 
 def _ids(records: list[ConsumerRecord]) -> list[str]:
@@ -228,6 +261,8 @@ async def assert_exactly_once_as_one_core(deployment: Deployment, produced: list
     # The same verdicts as one core over the sequence topic's order, published in that order.
     assert _ids(output) == kept
     assert sorted(_ids(duplicates)) == sorted(dropped)
+    # And as one core deciding that order in the decider's calls, as the verdict records name them.
+    assert await deployment.single_core_in_the_deciders_calls() == kept
 
 
 @pytest.fixture
@@ -433,6 +468,8 @@ async def test_every_index_holds_what_the_decider_published_even_where_its_batch
     output, duplicates, _ = await deployment.results()
     assert 0 < len(duplicates) < len(first)
     assert deployment.indexed(decider) == deployment.indexed(standby) == sorted(_ids(output))
+    # One decision core over the same order, in the decider's calls, publishes the same, in the same order.
+    assert await deployment.single_core_in_the_deciders_calls() == _ids(output)
     for name in ("a", "b"):
         shutil.rmtree(deployment.index_path(name))
     await started(deployment, ["a", "b"])
@@ -445,6 +482,7 @@ async def test_every_index_holds_what_the_decider_published_even_where_its_batch
     assert sorted(_ids(output) + _ids(duplicates)) == sorted(json.loads(r.value or b"")["id"] for r in produced)
     assert dead == []
     assert deployment.indexed("a") == deployment.indexed("b") == sorted(_ids(output))
+    assert await deployment.single_core_in_the_deciders_calls() == _ids(output)
     logs = deployment.log("a").read_text() + deployment.log("b").read_text()
     assert "level with the decider's verdicts" in logs
     assert "no verdict record covers" not in logs

@@ -6,7 +6,8 @@ level with the decider's (the warm standby, a decider whose index is behind, an 
 the documents these records name, in the same batches, instead of deciding the sequence topic again: its index
 then holds exactly what the decider's held, even where a candidate bound made the decider's verdicts depend on
 how its batches were cut. A record is msgpack: the format, the batch's first sequence offset, the offset after
-it, and a bit per input record its sequence records carry, in order.
+it, whether a call of the decider's decision core began with it (the batches up to the next such record were
+decided together), and a bit per input record its sequence records carry, in order.
 """
 
 from __future__ import annotations
@@ -29,24 +30,26 @@ class NotAVerdictRecord(ValueError):
 @dataclass(frozen=True, eq=False)
 class BatchVerdicts:
     """The sequence records from offset ``first`` up to ``end`` (the offset the decider committed after them)
-    were decided as one batch; ``stored`` says, per input record they carry in order, whether the index stored
-    its document."""
+    were decided as one batch, in a call of the decision core that began with it (``leads``) or with a batch
+    before it; ``stored`` says, per input record they carry in order, whether the index stored its document."""
 
     first: int
     end: int
+    leads: bool
     stored: np.ndarray
 
     def packed(self) -> bytes:
         stored = np.asarray(self.stored, dtype=bool)
         return msgpack.packb(
-            [VERDICTS_FORMAT, self.first, self.end, len(stored), np.packbits(stored).tobytes()], use_bin_type=True
+            [VERDICTS_FORMAT, self.first, self.end, self.leads, len(stored), np.packbits(stored).tobytes()],
+            use_bin_type=True,
         )
 
     @classmethod
     def unpacked(cls, value: bytes | None) -> BatchVerdicts:
         """Raises :class:`NotAVerdictRecord`."""
         try:
-            version, first, end, count, bits = msgpack.unpackb(value or b"", use_list=True, raw=False)
+            version, first, end, leads, count, bits = msgpack.unpackb(value or b"", use_list=True, raw=False)
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise NotAVerdictRecord(f"not a verdict record: {type(exc).__name__}: {exc}") from exc
         if version != VERDICTS_FORMAT:
@@ -54,6 +57,7 @@ class BatchVerdicts:
         if not (
             isinstance(first, int)
             and isinstance(end, int)
+            and isinstance(leads, bool)
             and isinstance(count, int)
             and isinstance(bits, bytes)
             and 0 <= first < end
@@ -61,4 +65,4 @@ class BatchVerdicts:
         ):
             raise NotAVerdictRecord(f"not a verdict record: offsets {first!r}..{end!r}, {count!r} records")
         stored = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), count=count).astype(bool)
-        return cls(first, end, stored)
+        return cls(first, end, leads, stored)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from aiokafka import TopicPartition
@@ -42,7 +43,7 @@ from ..settings import Settings
 from ..signature import Signatures
 from .origins import Origin
 
-__all__ = ["BatchOutput", "Decided", "Prepared", "crashed"]
+__all__ = ["BatchOutput", "Decided", "Decision", "Prepared", "crashed"]
 
 # What a duplicate adds to its input record beside the fingerprint (match id, distance, reason, source): an
 # input record this much under its topic's limit fits there. Larger match ids are cut with the dead letter.
@@ -67,6 +68,15 @@ class Prepared:
     next_offsets: dict[TopicPartition, int]
     signing: Future[Signatures] | None
     started: float
+
+
+class Decision(NamedTuple):
+    """A batch's verdicts, and whether the call of the decision core that decided it began with it: a decision
+    process that falls behind decides the batches queued there together, in one call, and a replay that decides
+    the same groups gives the same verdicts."""
+
+    verdicts: Verdicts
+    leads: bool = True
 
 
 @dataclass(frozen=True)
@@ -121,9 +131,9 @@ class BatchOutput:
         room = self._settings.fingerprint.width // 4 + _OUTPUT_HEADER_ALLOWANCE
         return min(self.limits[topic] for topic in topics) - room
 
-    def decided(self, prepared: Prepared, verdicts: Verdicts) -> Decided:
+    def decided(self, prepared: Prepared, decision: Decision) -> Decided:
         """What to publish for a decided batch; nothing goes to Kafka here."""
-        records = prepared.records
+        records, verdicts = prepared.records, decision.verdicts
         outgoing, dropped, dead = self._outgoing(records, prepared.decoded, prepared.documents, verdicts)
         if self.limits and largest_record_bytes(outgoing) > min(self.limits.values()):
             outgoing = self._fitted(prepared, outgoing, dropped, dead)
@@ -135,18 +145,19 @@ class BatchOutput:
             dropped,
             dead,
             prepared.started,
-            self._verdict_record(prepared, verdicts),
+            self._verdict_record(prepared, decision),
         )
 
-    def _verdict_record(self, prepared: Prepared, verdicts: Verdicts) -> OutgoingRecord | None:
+    def _verdict_record(self, prepared: Prepared, decision: Decision) -> OutgoingRecord | None:
         """Scaled out, which of the batch's input records the index stored, for the instances that follow."""
         topic = self._settings.kafka.verdicts_topic
         if topic is None:
             return None
         stored = np.zeros(len(prepared.records), dtype=bool)
-        stored[prepared.rows] = verdicts.stored
+        stored[prepared.rows] = decision.verdicts.stored
         (end,) = prepared.next_offsets.values()
-        return OutgoingRecord(topic, BatchVerdicts(prepared.fetched[0].offset, end, stored).packed(), None, ())
+        verdicts = BatchVerdicts(prepared.fetched[0].offset, end, decision.leads, stored)
+        return OutgoingRecord(topic, verdicts.packed(), None, ())
 
     def _fitted(
         self,

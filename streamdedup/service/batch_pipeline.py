@@ -37,7 +37,7 @@ from ..metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from ..settings import Settings
 from ..signature import Signatures, signing_id
 from .backoff import Backoff
-from .batch import BatchOutput, Decided, Prepared, crashed
+from .batch import BatchOutput, Decided, Decision, Prepared, crashed
 from .origins import Carried, Origin, Origins
 from .partition_ownership import Ownership, PartitionOwnership
 from .signer_supervisor import SignerSupervisor
@@ -161,7 +161,7 @@ class BatchPipeline:
                     enqueue(following)
                 prepared, submission = unpublished[0]
                 try:
-                    verdicts = await (await submission)
+                    decision = await (await submission)
                 except _RECOVERABLE as exc:
                     await self._recover(consumer, unpublished, exc)
                     continue
@@ -175,7 +175,7 @@ class BatchPipeline:
                 async with self.batch_lock:
                     if self._rebalanced(consumer):
                         continue
-                    decided = self.output.decided(prepared, verdicts)
+                    decided = self.output.decided(prepared, decision)
                     await self._settle()
                     self._in_flight = asyncio.create_task(self._publish(decided, consumer, producer))
         finally:
@@ -187,8 +187,8 @@ class BatchPipeline:
         return False
 
     async def _submitted_after(
-        self, previous: asyncio.Task[asyncio.Future[Verdicts]] | None, prepared: Prepared
-    ) -> asyncio.Future[Verdicts]:
+        self, previous: asyncio.Task[asyncio.Future[Decision]] | None, prepared: Prepared
+    ) -> asyncio.Future[Decision]:
         """Queue ``prepared`` in the decision process once it is signed and ``previous`` (the batch fetched
         before it) is queued there: the index sees the batches in the order fetched. A batch behind one that
         failed to be queued fails with it."""
@@ -280,7 +280,7 @@ class BatchPipeline:
             break
         batches = [prepared for prepared, _ in unpublished]
         unpublished.clear()
-        previous: asyncio.Task[asyncio.Future[Verdicts]] | None = None
+        previous: asyncio.Task[asyncio.Future[Decision]] | None = None
         for prepared in batches:
             if previous is None and self._dying is not None and self._dying[0] is prepared:
                 if self._dying[1] < 2:
@@ -350,16 +350,16 @@ class BatchPipeline:
         submissions = await asyncio.gather(*(submission for _, submission in unpublished), return_exceptions=True)
         await asyncio.gather(*(s for s in submissions if isinstance(s, asyncio.Future)), return_exceptions=True)
 
-    async def _decided_alone(self, prepared: Prepared) -> asyncio.Future[Verdicts]:
+    async def _decided_alone(self, prepared: Prepared) -> asyncio.Future[Decision]:
         """The batch's decision, queued only once it is over: no later batch shares the process with it."""
         decision = await self._submit_decision(prepared)
         await asyncio.wait([decision])
         return decision
 
     @staticmethod
-    async def _done(verdicts: Awaitable[Verdicts]) -> asyncio.Future[Verdicts]:
-        future: asyncio.Future[Verdicts] = asyncio.get_running_loop().create_future()
-        future.set_result(await verdicts)
+    async def _done(verdicts: Awaitable[Verdicts]) -> asyncio.Future[Decision]:
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        future.set_result(Decision(await verdicts))
         return future
 
     async def _decided_apart(self, prepared: Prepared, wait: Callable[[float], Awaitable[bool]]) -> Verdicts:
@@ -445,9 +445,9 @@ class BatchPipeline:
 
     async def _verdicts(self, prepared: Prepared) -> Verdicts:
         """The batch's verdicts, its kept documents and input offsets stored in one LMDB transaction."""
-        return await (await self._submit_decision(prepared))
+        return (await (await self._submit_decision(prepared))).verdicts
 
-    async def _submit_decision(self, prepared: Prepared) -> asyncio.Task[Verdicts]:
+    async def _submit_decision(self, prepared: Prepared) -> asyncio.Task[Decision]:
         """Once the batch is signed, queue it in the decision process; the task gives its verdicts."""
         await self._maintain_index()
         documents, next_offsets = prepared.documents, prepared.next_offsets
@@ -461,13 +461,13 @@ class BatchPipeline:
 
     async def _recorded(
         self, decision: asyncio.Task[tuple[Verdicts, BatchTimings]], signing_seconds: float
-    ) -> Verdicts:
+    ) -> Decision:
         verdicts, timings = await decision
         # Fingerprinting is the wait for the signing workers, or the signing in the thread without them.
         self._metrics.observe(Stage.FINGERPRINT, signing_seconds + timings.fingerprint)
         # The index stage covers the lookup and the batch's LMDB write transaction.
         self._metrics.observe(Stage.INDEX_LOOKUP, timings.lookup + timings.store)
-        return verdicts
+        return Decision(verdicts, timings.leads)
 
     async def _publish(self, decided: Decided, consumer: BatchConsumer, producer: TransactionalProducer) -> None:
         """One Kafka transaction: the batch's records and its input offsets."""
@@ -551,7 +551,7 @@ class BatchPipeline:
         )
 
 
-_Unpublished = deque[tuple[Prepared, asyncio.Task[asyncio.Future[Verdicts]]]]
+_Unpublished = deque[tuple[Prepared, asyncio.Task[asyncio.Future[Decision]]]]
 """Batches fetched and not yet published, in order, each with the task that queues its decision."""
 
 

@@ -14,11 +14,12 @@ from streamdedup.kafka.verdict_records import VERDICTS_FORMAT, BatchVerdicts, No
 @given(
     first=st.integers(0, 2**62),
     length=st.integers(1, 2**20),
+    leads=st.booleans(),
     stored=st.lists(st.booleans(), max_size=3000),
 )
-def test_a_batchs_verdicts_come_back_as_packed(first: int, length: int, stored: list[bool]) -> None:
-    back = BatchVerdicts.unpacked(BatchVerdicts(first, first + length, np.array(stored, dtype=bool)).packed())
-    assert (back.first, back.end) == (first, first + length)
+def test_a_batchs_verdicts_come_back_as_packed(first: int, length: int, leads: bool, stored: list[bool]) -> None:
+    back = BatchVerdicts.unpacked(BatchVerdicts(first, first + length, leads, np.array(stored, dtype=bool)).packed())
+    assert (back.first, back.end, back.leads) == (first, first + length, leads)
     assert back.stored.dtype == bool
     assert back.stored.tolist() == stored
 
@@ -29,11 +30,12 @@ def test_a_batchs_verdicts_come_back_as_packed(first: int, length: int, stored: 
         (None, "not a verdict record"),
         (b"\xc1", "not a verdict record"),
         (msgpack.packb({"format": 1}), "not a verdict record"),
-        (msgpack.packb([VERDICTS_FORMAT + 1, 0, 1, 0, b""]), f"format {VERDICTS_FORMAT + 1}"),
-        (msgpack.packb([VERDICTS_FORMAT, 5, 5, 0, b""]), "offsets 5..5"),
-        (msgpack.packb([VERDICTS_FORMAT, 0, 9, 9, b"\x00"]), "9 records"),
-        (msgpack.packb([VERDICTS_FORMAT, 0, 9, 1, b"\x00\x00"]), "1 records"),
-        (msgpack.packb([VERDICTS_FORMAT, "0", 9, 1, b"\x00"]), "offsets '0'..9"),
+        (msgpack.packb([VERDICTS_FORMAT + 1, 0, 1, True, 0, b""]), f"format {VERDICTS_FORMAT + 1}"),
+        (msgpack.packb([VERDICTS_FORMAT, 5, 5, True, 0, b""]), "offsets 5..5"),
+        (msgpack.packb([VERDICTS_FORMAT, 0, 9, True, 9, b"\x00"]), "9 records"),
+        (msgpack.packb([VERDICTS_FORMAT, 0, 9, True, 1, b"\x00\x00"]), "1 records"),
+        (msgpack.packb([VERDICTS_FORMAT, "0", 9, True, 1, b"\x00"]), "offsets '0'..9"),
+        (msgpack.packb([VERDICTS_FORMAT, 0, 9, 1, 1, b"\x00"]), "offsets 0..9"),
     ],
 )
 def test_a_record_that_is_not_a_verdict_record_is_refused_with_what_is_wrong(value: bytes | None, says: str) -> None:
