@@ -122,7 +122,11 @@ class Follower(Lifecycle):
             fetched = await consumer.getmany(self._verdicts, timeout_ms=self._settings.kafka.batch_timeout_ms)
             records = fetched.get(self._verdicts, [])
             if not records:
-                return None
+                # An empty fetch may only be a slow one: none is readable once the position is at the end.
+                end = (await consumer.end_offsets([self._verdicts]))[self._verdicts]
+                if await consumer.position(self._verdicts) >= end:
+                    return None
+                continue
             for record in records:
                 try:
                     self._pending.append(BatchVerdicts.unpacked(record.value))
