@@ -20,7 +20,7 @@ import numpy as np
 
 from .features import FeatureExtractor
 from .fingerprint import FingerprintBatch, Fingerprinter
-from .index import IndexPlan, TableKeys, first_copies, table_keys
+from .index import IndexPlan, TableKeys, first_copies, table_keys, with_copies
 from .minhash import EMPTY_SLOT, SKETCH_DTYPE, BottomK
 from .names import NOT_SIGNED
 from .settings import DedupSettings, FingerprintSettings
@@ -45,10 +45,11 @@ class BatchPairs:
     """Indexable texts of one batch that share a table key and lie within the plan's radius, sorted by
     (earlier, later): their rows, Hamming distance and the Jaccard estimate of their sketches.
 
-    Of texts signed alike (the same fingerprint and sketch: copies), only the first is ever an earlier side:
-    a later copy can be kept only where the stored entries' expiry sets it apart from the first, and
-    ``copies`` (each row's first copy, None when every pair is here) lets the decision core see that and ask
-    for every pair. A storm of n copies then makes n pairs, not n**2 / 2 in every table."""
+    Of texts signed alike (the same fingerprint and sketch: copies), only the first is ever an earlier side, and
+    each later copy is paired with its first copy and with the earlier sides of its first copy, whatever the
+    candidate bounds: a later copy can be kept only where the stored entries' expiry sets it apart from the
+    first, and ``copies`` (each row's first copy, None when every pair is here) lets the decision core see that
+    and ask for every pair. A storm of n copies then makes n pairs, not n**2 / 2 in every table."""
 
     earlier: np.ndarray
     later: np.ndarray
@@ -165,18 +166,24 @@ class Signer:
             raise ValueError("a signer without a table plan cannot key signatures")
         fps = signatures.fingerprints
         keys = table_keys(self.plan, fps)
-        copies = None if every_pair else first_copies(fps, signatures.sketches)
+        copies = first_copies(fps, signatures.sketches)
+        firsts = copies == np.arange(len(copies))
         earlier, later, distances = keys.pairs(
             fps,
-            None if copies is None else copies == np.arange(len(copies)),
+            None if every_pair else firsts,
             key_capacity=self._key_capacity,
             max_candidates=self._max_candidates,
         )
+        # As a stored copy is found by its contents (``index.contents``) when its keys cannot lead to it, a copy in
+        # the batch is compared with its first copy, and with what that was compared with: a bound never lets a
+        # copy through that its first copy did not get past.
+        earlier, later, distances = with_copies((earlier, later, distances), copies)
         indexable = signatures.indexable
         usable = indexable[earlier] & indexable[later]
         earlier, later, distances = earlier[usable], later[usable], distances[usable]
         jaccard = self.sketcher.jaccard(signatures.sketches, signatures.sketches[earlier], a_rows=later)
-        return replace(signatures, keys=keys, pairs=BatchPairs(earlier, later, distances, jaccard, copies))
+        pairs = BatchPairs(earlier, later, distances, jaccard, None if every_pair else copies)
+        return replace(signatures, keys=keys, pairs=pairs)
 
 
 def _sign(signer: Signer, texts: list[str]) -> Signatures:

@@ -387,6 +387,24 @@ def test_hot_keys_leave_candidates_per_document_bounded_and_copies_caught(
         assert sum(v.novel for v in bounded) < 20
 
 
+def test_a_copy_in_the_batch_is_dropped_where_the_bounds_leave_the_first_copy_out(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # Forty texts of one fingerprint (every key a run of forty) and distinct sketches, the 31st a copy of the 21st:
+    # past a key's first rows none leads, and the 21st shares its keys with more rows than the candidates taken.
+    tight = settings.model_copy(update={"dedup": settings.dedup.model_copy(update={"key_capacity": 4})})
+    rng = np.random.default_rng(3)
+    count, k = 40, settings.dedup.sketch_size
+    fingerprint = rng.integers(1, 2**63, size=settings.fingerprint.width // 64, dtype=np.uint64)
+    sketches = np.sort(rng.integers(0, 2**24, size=(count, k), dtype=np.uint32), axis=1)
+    sketches[30] = sketches[20]
+    signatures = Signatures(np.tile(fingerprint, (count, 1)), sketches, (None,) * count, np.zeros(count, dtype=bool))
+    with open_index(tight, tmp_path / "index") as index:
+        verdicts = Deduplicator(tight, index).decide(docs([f"text {i}" for i in range(count)]), signatures=signatures)
+    assert [row for row, verdict in enumerate(verdicts) if not verdict.novel] == [30]
+    assert (verdicts[30].reason, verdicts[30].match_id, verdicts[30].distance) == ("exact", "d20", 0)
+
+
 def test_a_batch_that_finds_only_keys_it_does_not_follow_is_decided(settings: Settings, tmp_path: Path) -> None:
     # With one row a key, the template's keys fill at once: a later batch finds stored rows only through keys it
     # does not follow, which leaves it no candidate at all, and every document still gets its verdict.

@@ -3,7 +3,7 @@ batch's table keys under a plan (``TableKeys``, ``table_keys``)."""
 
 from __future__ import annotations
 
-from .keys import TableKeys, first_copies, table_keys
+from .keys import TableKeys, first_copies, table_keys, with_copies
 from .plan import IndexPlan, PlanError, make_plan
 from .segment import (
     BYTES_PAYLOAD,
@@ -33,4 +33,5 @@ __all__ = [
     "make_plan",
     "planned",
     "table_keys",
+    "with_copies",
 ]

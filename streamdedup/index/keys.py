@@ -6,12 +6,13 @@ index process decides the previous batch) and handed to the index with the batch
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .plan import IndexPlan, fold, gather_bits, unpack_bits
-from .sorted_rows import run_starts
+from .sorted_rows import expand_ranges, run_starts
 
 __all__ = [
     "FULL_RUN_LEADS",
@@ -25,6 +26,7 @@ __all__ = [
     "run_ranks",
     "table_keys",
     "table_rows",
+    "with_copies",
 ]
 
 LONE_SEGMENT_LIMIT = 12
@@ -283,17 +285,50 @@ def run_ranks(starts: np.ndarray, length: int) -> np.ndarray:
 
 def first_copies(fps: np.ndarray, *alike: np.ndarray) -> np.ndarray:
     """Each row's first row with the same fingerprint and the same row in every array of ``alike`` (itself when
-    it is the first). Rows are grouped by the XOR of their fingerprint's words, then checked whole: a row that
-    only shares the XOR counts as a first (more pairs, never a wrong one)."""
+    it is the first). Rows are grouped by a 64-bit hash of the fingerprint and of their rows of ``alike`` (so that
+    texts of one fingerprint and different sketches fall apart), then checked whole: a row that only shares the
+    hash counts as a first (more pairs, never a wrong one)."""
     rows = np.arange(len(fps))
     if not len(fps):
         return rows
-    _, first, inverse = np.unique(np.bitwise_xor.reduce(fps, axis=1), return_index=True, return_inverse=True)
+    digest = np.bitwise_xor.reduce(fps, axis=1)
+    for column in alike:
+        words = column.reshape(len(fps), -1).astype(np.uint64)
+        digest ^= (words * _row_weights(words.shape[1])).sum(axis=1, dtype=np.uint64)
+    _, first, inverse = np.unique(digest, return_index=True, return_inverse=True)
     copies = first[inverse.reshape(-1)]
     same = (fps == fps[copies]).all(axis=1)
     for column in alike:
         same &= (column == column[copies]).reshape(len(fps), -1).all(axis=1)
     return np.where(same, copies, rows)
+
+
+def with_copies(
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray], copies: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``pairs`` (earlier, later, distance, sorted by (earlier, later), between first copies as earlier sides,
+    see :func:`first_copies`) and, for each later copy, its first copy and the earlier sides of its first copy:
+    a copy is compared with what its first copy was, and with it, whatever the bounds that chose those, so that
+    it gets the same verdict (the pairs the bounds drop are the same for both)."""
+    earlier, later, distances = pairs
+    copied = np.flatnonzero(copies != np.arange(len(copies)))
+    if not len(copied):
+        return pairs
+    first = copies[copied]
+    order = np.argsort(first, kind="stable")
+    copied, first = copied[order], first[order]
+    at, pair = expand_ranges(np.searchsorted(first, later, side="left"), np.searchsorted(first, later, side="right"))
+    joined_earlier = np.concatenate([earlier, earlier[pair], first]).astype(np.intp)
+    joined_later = np.concatenate([later, copied[at], copied]).astype(np.intp)
+    joined_distances = np.concatenate([distances, distances[pair], np.zeros(len(copied), dtype=distances.dtype)])
+    _, unique = np.unique(joined_earlier * len(copies) + joined_later, return_index=True)
+    return joined_earlier[unique], joined_later[unique], joined_distances[unique]
+
+
+@functools.cache
+def _row_weights(width: int) -> np.ndarray:
+    """Odd 64-bit weights that hash a row of ``width`` values as their weighted sum (wrapping)."""
+    return np.random.default_rng(width).integers(0, 2**63, size=width, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
 
 
 def table_keys(plan: IndexPlan, fps: np.ndarray) -> TableKeys:

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamdedup.index import SegmentIndex, make_plan, table_keys
-from streamdedup.index.keys import FULL_RUN_LEADS, LONE_SEGMENT_LIMIT, HeldRows, most_shared, packed
+from streamdedup.index.keys import (
+    FULL_RUN_LEADS,
+    LONE_SEGMENT_LIMIT,
+    HeldRows,
+    first_copies,
+    most_shared,
+    packed,
+    with_copies,
+)
 from streamdedup.index.plan import IndexPlan, make_segment_plan
 from tests.index.test_segment import _clustered
 
@@ -196,3 +204,52 @@ def test_most_shared_keeps_each_rows_candidates_sharing_the_most_the_newest_or_e
     order = np.random.default_rng(len(rows)).permutation(len(rows))
     chosen = most_shared(rows[order], named[order], shared[order], limit, newest=newest)
     assert sorted(order[chosen].tolist()) == sorted(expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 60), kinds=st.integers(1, 6))
+def test_first_copies_name_each_rows_first_identical_row(seed: int, rows: int, kinds: int) -> None:
+    # Few fingerprints, several sketches each: rows of one fingerprint and other sketches are no copies.
+    rng = np.random.default_rng(seed)
+    fingerprints = rng.integers(0, 2**63, size=(kinds, 4), dtype=np.uint64)
+    sketches = rng.integers(0, 2**32, size=(kinds * 2, 8), dtype=np.uint32)
+    fps = fingerprints[rng.integers(0, kinds, rows)]
+    rows_sketches = sketches[rng.integers(0, kinds * 2, rows)]
+    expected = [
+        next(j for j in range(i + 1) if (fps[j] == fps[i]).all() and (rows_sketches[j] == rows_sketches[i]).all())
+        for i in range(rows)
+    ]
+    assert first_copies(fps, rows_sketches).tolist() == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 40))
+def test_a_copy_gets_its_first_copy_and_what_that_was_paired_with(seed: int, rows: int) -> None:
+    rng = np.random.default_rng(seed)
+    copies = np.array([int(rng.integers(0, i + 1)) if rng.random() < 0.4 else i for i in range(rows)])
+    copies = copies[copies]  # a first copy is its own first copy
+    firsts = np.flatnonzero(copies == np.arange(rows))
+    # Pairs of first copies as earlier sides, any later row, each with a distance of its own.
+    found = {
+        (int(e), int(later_row)): int(rng.integers(0, 9))
+        for e in firsts
+        for later_row in range(e + 1, rows)
+        if rng.random() < 0.3
+    }
+    ordered = sorted(found)
+    pairs = (
+        np.array([e for e, _ in ordered], dtype=np.intp),
+        np.array([later_row for _, later_row in ordered], dtype=np.intp),
+        np.array([found[p] for p in ordered], dtype=np.int64),
+    )
+    expected = dict(found)
+    for row in range(rows):
+        first = int(copies[row])
+        if first != row:
+            expected.setdefault((first, row), 0)
+            for (e, later_row), distance in found.items():
+                if later_row == first:
+                    expected.setdefault((e, row), distance)
+    earlier, later, distances = with_copies(pairs, copies)
+    assert list(zip(earlier.tolist(), later.tolist(), strict=True)) == sorted(expected)
+    assert distances.tolist() == [expected[p] for p in sorted(expected)]
