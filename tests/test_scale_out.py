@@ -251,7 +251,9 @@ def renamed(records: list[OutRecord], prefix: str, shift: int) -> list[OutRecord
     ]
 
 
-async def assert_exactly_once_as_one_core(deployment: Deployment, produced: list[OutRecord]) -> None:
+async def assert_exactly_once_as_one_core(
+    deployment: Deployment, produced: list[OutRecord], *, every_call_recorded: bool = True
+) -> None:
     output, duplicates, dead = await deployment.results()
     produced_ids = sorted(json.loads(record.value or b"")["id"] for record in produced)
     # None lost, none twice, none dead-lettered.
@@ -261,8 +263,9 @@ async def assert_exactly_once_as_one_core(deployment: Deployment, produced: list
     # The same verdicts as one core over the sequence topic's order, published in that order.
     assert _ids(output) == kept
     assert sorted(_ids(duplicates)) == sorted(dropped)
-    # And as one core deciding that order in the decider's calls, as the verdict records name them.
-    assert await deployment.single_core_in_the_deciders_calls() == kept
+    if every_call_recorded:
+        # And as one core deciding that order in the decider's calls, as the verdict records name them.
+        assert await deployment.single_core_in_the_deciders_calls() == kept
 
 
 @pytest.fixture
@@ -486,6 +489,38 @@ async def test_every_index_holds_what_the_decider_published_even_where_its_batch
     logs = deployment.log("a").read_text() + deployment.log("b").read_text()
     assert "level with the decider's verdicts" in logs
     assert "no verdict record covers" not in logs
+
+
+async def test_sequence_records_without_verdict_records_are_decided_again(deployment: Deployment) -> None:
+    """A deployment upgraded from a version that published no verdict records (here: its verdicts topic deleted
+    while every instance was stopped, and its indexes lost): the new decider decides again what no verdict record
+    covers, the standby too once the decider's next verdicts show the gap, and nothing is published twice."""
+    await started(deployment, ["a", "b"])
+    first = clusters(0, 60, copies=1, seed=12)
+    await deployment.produce(first)
+    await deployment.settled(len(first))
+    assert deployment.stop_all() == {"a": 0, "b": 0}
+    async with admin_client(bootstrap_servers=deployment.bootstrap) as admin:
+        await admin.delete_topics([f"{deployment.sequence_topic}.verdicts"])
+    for name in ("a", "b"):
+        shutil.rmtree(deployment.index_path(name))
+    await started(deployment, ["a", "b"])
+    copies = renamed(first[::2], "copy-", 1)
+    await deployment.produce(copies)
+    produced = first + copies
+    await deployment.settled(len(produced))
+    decider = deployment.decider()
+    standby = "b" if decider == "a" else "a"
+    await wait_for(
+        lambda: _logged(deployment.log(standby), "no verdict record covers", 1), 60, "the standby's catch-up"
+    )
+    assert deployment.stop_all() == {"a": 0, "b": 0}
+    # The first run's verdict records are gone: its calls are not recorded.
+    await assert_exactly_once_as_one_core(deployment, produced, every_call_recorded=False)
+    output, duplicates, _ = await deployment.results()
+    assert {doc_id for doc_id in _ids(duplicates) if doc_id.startswith("copy-")} == {f"copy-c{i}-0" for i in range(60)}
+    assert deployment.indexed("a") == deployment.indexed("b") == sorted(_ids(output))
+    assert "no verdict record covers" in deployment.log(decider).read_text()
 
 
 async def test_the_sequence_and_verdicts_topics_are_made_with_one_partition_and_refused_with_more(
