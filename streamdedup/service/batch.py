@@ -90,7 +90,7 @@ class Decided:
     dropped: list[tuple[Document, Verdict]]
     dead: list[DeadLetter]
     started: float
-    verdicts: OutgoingRecord | None = None
+    verdict_record: OutgoingRecord | None = None
     """Scaled out, the batch's verdict record (:mod:`..kafka.verdict_records`)."""
 
 

@@ -475,7 +475,8 @@ class BatchPipeline:
         produce_started = time.perf_counter()
         async with asyncio.timeout(kafka.transaction_timeout_ms / 1000):
             try:
-                outgoing = decided.outgoing if decided.verdicts is None else [*decided.outgoing, decided.verdicts]
+                record = decided.verdict_record
+                outgoing = decided.outgoing if record is None else [*decided.outgoing, record]
                 commit_seconds = await producer.publish(outgoing, decided.next_offsets, kafka.group_id)
             except BaseException:
                 self._metrics.record_transaction("aborted")
