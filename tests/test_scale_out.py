@@ -392,7 +392,7 @@ async def test_a_standby_follows_the_decider_and_takes_over_with_nothing_to_repl
     assert decider is not None
     standby = "b" if decider == "a" else "a"
     followed = deployment.log(standby).read_text()
-    assert "following the decider" in followed
+    assert "following the decider" in followed and "level with the decider at sequence offset" in followed
     assert "replaying those records" not in followed
     # It left the group: the standby is given the sequence partition at once, level with the decider.
     owned = followed.count("owning all 1 input partitions") + 1

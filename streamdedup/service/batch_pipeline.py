@@ -204,6 +204,7 @@ class BatchPipeline:
         """Store in the index what the decider's stored of ``fetched`` (the sequence records of its batch
         ``verdicts``) from sequence offset ``after`` on, deciding nothing and publishing nothing. Records that do
         not match the verdicts (an instance configured otherwise, a damaged record) are decided instead, loudly."""
+        await self._maintain_index()
         prepared = self._prepare(fetched)
         where = f"sequence offsets {verdicts.first}..{verdicts.end - 1}"
         if len(verdicts.stored) != len(prepared.records):

@@ -56,6 +56,8 @@ class Standby:
         self._claim = claim
         self._stop = stop
         self._partition = TopicPartition(topic, 0)
+        # Whether the index has been level with the decider since this instance began to follow it.
+        self._caught_up = False
 
     async def until_assigned(self, consumer: BatchConsumer) -> bool:
         """Stand by until ``consumer`` (in the decider group) holds the sequence partition (True), or a stop
@@ -112,6 +114,7 @@ class Standby:
             return None
         follower = Follower(self._settings, self._pipeline, self._stop, decide_uncovered=False)
         await follower.start()
+        self._caught_up = False
         return follower
 
     async def claim_progress(self) -> int:
@@ -130,5 +133,8 @@ class Standby:
         held = await self.claim_progress()
         self._metrics.record_standby_lag(max(0, decided - held))
         if held >= decided:
+            if not self._caught_up:
+                log.info("level with the decider at sequence offset %d", held)
+                self._caught_up = True
             return False
         return await follower.level(held, decided) > held
