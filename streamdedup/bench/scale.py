@@ -9,7 +9,7 @@ settings and the deployment's names. For each count it prints documents/s from t
 last, and for each instance, by role, the CPU microseconds per document its processes spent from the first
 document produced to the last out: the event loop (consume, sequence, and the decider's publish), the signing
 workers (sign), the decision process (decide, or follow as the standby); and the broker's. The decision process
-bounds the deployment: one decides everything, and the standby decides it again.
+bounds the deployment: one decides everything, and the standby stores what it kept.
 
 The sequence topic of the largest deployment then goes through the decision step alone: one decision core in the
 bench's process, from an empty index, deciding the sequence records as a decider behind its input decides them
@@ -18,10 +18,11 @@ sequencers made). It prints the CPU microseconds per document of those calls and
 one core: the bound of the one sequential step, which the deployments above, paced by their input on shared
 cores, do not reach.
 
-Then the fail-over: two instances run ``--failover-documents`` distinct documents (an index of as many entries),
-the standby follows the decider, the decider is killed (SIGKILL) and the seconds until a document produced at
-that moment comes out are measured: the decider group's session timeout, the takeover, and what is left to
-replay.
+Then the fail-over: two instances run ``--failover-documents`` distinct documents (an index of as many entries)
+and the standby follows the decider. The standby is stopped, its index deleted, and it is started again: the
+seconds until it logs that its index is level with the decider's are the time to rebuild an index from Kafka.
+Then the decider is killed (SIGKILL) and the seconds until a document produced at that moment comes out are
+measured: the decider group's session timeout, the takeover, and what is left to replay.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -68,6 +70,9 @@ __all__ = ["main"]
 _STAGES = ("event loop", "signing workers", "decision process")
 _ROLES = ("single", "decider", "standby", "sequencer")
 _STARTUP_SECONDS = 180.0
+_REBUILD_SECONDS = 600.0
+# How a standby's log line says that its index has caught up with the decider's.
+_LEVEL = '"message": "level with the decider'
 # A deployment that puts out nothing for this long is stuck: the bench says so rather than wait for ever.
 _WAIT_OUT_SECONDS = 1800.0
 
@@ -209,6 +214,13 @@ async def _failover(settings: Settings, bootstrap: str, work: Path, documents: i
         if decider is None:
             raise RuntimeError("no instance decides")
         standby = next(name for name in deployment.instances if name != decider)
+        await deployment.when_level(standby)
+        rebuilt = await deployment.rebuilt(standby)
+        print(
+            f"rebuild from Kafka: the standby's index deleted and the standby restarted, level with the decider's "
+            f"{kept:,} entries {rebuilt:.1f} s later ({kept / rebuilt:,.0f} entries/s)",
+            flush=True,
+        )
         await deployment.when_level(standby)
         ends = await deployment.ends()
         killed = time.perf_counter()
@@ -373,6 +385,22 @@ class _Deployment:
         while instance.metric("standby_lag_records") > 0 or "following the decider" not in instance.log.read_text():
             await asyncio.sleep(0.5)
         await asyncio.sleep(1.0)
+
+    async def rebuilt(self, name: str) -> float:
+        """Stop the instance, delete its index and start it again: the seconds until it logs that its index is
+        level with the decider's."""
+        instance = self.instances.pop(name)
+        instance.process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(instance.process.wait, 60)
+        shutil.rmtree(self.work / f"index-{name}")
+        levelled = instance.log.read_text().count(_LEVEL)
+        started = time.perf_counter()
+        self.start(name)
+        while instance.log.read_text().count(_LEVEL) <= levelled:
+            if time.perf_counter() - started > _REBUILD_SECONDS:
+                raise TimeoutError(f"{name} did not rebuild its index in {_REBUILD_SECONDS} s")
+            await asyncio.sleep(0.2)
+        return time.perf_counter() - started
 
     def _outputs(self) -> list[TopicPartition]:
         return [TopicPartition(self.topics[role], 0) for role in ("out", "dup", "dlq")]

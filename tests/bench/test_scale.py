@@ -51,6 +51,9 @@ def test_each_instance_count_reports_its_rate_and_each_instances_cpu_and_the_fai
     assert step.group(1) == "3,000" and int(step.group(2)) >= 1
     assert float(step.group(3)) > 0 and int(step.group(4).replace(",", "")) > 0
     assert step.group(5) == step.group(6) != "0"
+    rebuild = re.search(r"rebuild from Kafka: .* level with the decider's ([\d,]+) entries ([\d.]+) s later", out)
+    assert rebuild, out
+    assert 0 < int(rebuild.group(1).replace(",", "")) <= 2000 and float(rebuild.group(2)) > 0
     failover = re.search(r"fail-over: ([\d.]+) s from SIGKILL of the decider .* holding ([\d,]+) entries", out)
     assert failover, out
     assert 0.0 < float(failover.group(1)) < 60.0
