@@ -118,7 +118,7 @@ class Verdicts(Sequence[Verdict]):
     @property
     def stored(self) -> np.ndarray:
         """Which documents the index stored: the novel ones that could be looked up and stored."""
-        return np.asarray(self.reasons, dtype=object) == "novel"
+        return np.asarray(self.reasons, dtype=object) == _REASONS[_NOVEL]
 
     def split(self, sizes: Sequence[int]) -> list[Verdicts]:
         """The verdicts of consecutive parts of this batch, of these sizes (the inverse of :meth:`joined`)."""

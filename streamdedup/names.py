@@ -49,7 +49,7 @@ __all__ = [
     "METRIC_PREFIX",
     "NOT_DECIDED",
     "NOT_SIGNED",
-    "VERDICTS_TOPIC_SUFFIX",
+    "verdicts_topic",
 ]
 
 # Kafka headers the service adds to what it publishes.
@@ -79,8 +79,6 @@ DEFAULT_INPUT_TOPIC = "streamdedup-input"
 DEFAULT_OUTPUT_TOPIC = "streamdedup-output"
 DEFAULT_DUPLICATES_TOPIC = "streamdedup-duplicates"
 DEFAULT_DEAD_LETTER_TOPIC = "streamdedup-dead-letters"
-# Scaled out: the decider's verdict records go to the sequence topic's name plus this.
-VERDICTS_TOPIC_SUFFIX = ".verdicts"
 DEFAULT_CONSUMER_GROUP = "streamdedup"
 
 # Why a record went to the dead-letter topic (value of HEADER_DEAD_LETTER_REASON and a metric label).
@@ -136,3 +134,8 @@ INDEX_DB_ORIGINS = "origins"
 INDEX_DB_SOURCES = "sources"
 INDEX_DB_TOPICS = "topics"
 INDEX_DB_UNDO = "undo"
+
+
+def verdicts_topic(sequence_topic: str) -> str:
+    """Scaled out, the topic of the decider's verdict records: the sequence topic's name and ``.verdicts``."""
+    return f"{sequence_topic}.verdicts"

@@ -23,7 +23,9 @@ from .names import (
     DEFAULT_DEAD_LETTER_TOPIC,
     DEFAULT_INPUT_TOPIC,
     DEFAULT_OUTPUT_TOPIC,
-    VERDICTS_TOPIC_SUFFIX,
+)
+from .names import (
+    verdicts_topic as verdicts_topic_of,
 )
 
 __all__ = [
@@ -267,7 +269,7 @@ class KafkaSettings(Section):
     def verdicts_topic(self) -> str | None:
         """Scaled out, the topic of the decider's verdict records (the sequence topic's name and
         ``.verdicts``): what every other instance's index follows the decider's by."""
-        return None if self.sequence_topic is None else f"{self.sequence_topic}{VERDICTS_TOPIC_SUFFIX}"
+        return None if self.sequence_topic is None else verdicts_topic_of(self.sequence_topic)
 
     @property
     def _transactional_base(self) -> str:

@@ -25,6 +25,7 @@ from streamdedup.kafka.admin import admin_client, ensure_topics, partition_count
 from streamdedup.kafka.broker import LocalBroker
 from streamdedup.kafka.records import decoded_records
 from streamdedup.kafka.verdict_records import BatchVerdicts
+from streamdedup.names import verdicts_topic
 from streamdedup.quality.natural import load_natural
 from streamdedup.service.origins import Origins
 from streamdedup.service.sequencer import prepare_sequence_topic
@@ -158,7 +159,7 @@ class Deployment:
         verdict records name (its batches, and which of them it decided together), from a fresh index."""
         settings = load_settings(None, **self.settings("oracle"))
         shutil.rmtree(settings.index.path, ignore_errors=True)
-        verdicts = await consume_records(self.bootstrap, f"{self.sequence_topic}.verdicts")
+        verdicts = await consume_records(self.bootstrap, verdicts_topic(self.sequence_topic))
         calls: list[list[BatchVerdicts]] = []
         for batch in (BatchVerdicts.unpacked(record.value) for record in verdicts):
             calls = [*calls, [batch]] if batch.leads or not calls else [*calls[:-1], [*calls[-1], batch]]
@@ -501,7 +502,7 @@ async def test_sequence_records_without_verdict_records_are_decided_again(deploy
     await deployment.settled(len(first))
     assert deployment.stop_all() == {"a": 0, "b": 0}
     async with admin_client(bootstrap_servers=deployment.bootstrap) as admin:
-        await admin.delete_topics([f"{deployment.sequence_topic}.verdicts"])
+        await admin.delete_topics([verdicts_topic(deployment.sequence_topic)])
     for name in ("a", "b"):
         shutil.rmtree(deployment.index_path(name))
     await started(deployment, ["a", "b"])

@@ -58,7 +58,7 @@ from ..kafka.admin import admin_client, ensure_topics
 from ..kafka.consumer import partition_fetch_bytes
 from ..kafka.producer import send_batched
 from ..kafka.records import OutgoingRecord, decoded_records
-from ..names import METRIC_PREFIX, VERDICTS_TOPIC_SUFFIX
+from ..names import METRIC_PREFIX, verdicts_topic
 from ..service.origins import Origins
 from ..settings import Settings
 from ..signature import signing_id
@@ -452,8 +452,7 @@ class _Deployment:
     async def delete(self) -> None:
         await self.stop()
         topics = self.topics
-        # A scaled-out deployment's verdicts topic is named after its sequence topic.
-        verdicts = [f"{topics['seq']}{VERDICTS_TOPIC_SUFFIX}"] if self.scaled_out else []
+        verdicts = [verdicts_topic(topics["seq"])] if self.scaled_out else []
         await _delete(self.bootstrap, [*topics.values(), *verdicts])
 
 
