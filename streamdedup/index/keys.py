@@ -115,13 +115,11 @@ class TableKeys:
         return full & rich[rows]
 
     def run_ends(self) -> np.ndarray:
-        """(T, n) end (exclusive, within the table) of the run each position belongs to."""
-        tables, n = self.keys.shape
+        """Flat (T * n): the end (exclusive, a flat position) of the run each position belongs to. Every table's
+        first position starts a run, so a table's last run ends where the next table begins."""
         starts = np.flatnonzero(self.runs.ravel())
-        ends = np.append(starts[1:], tables * n)
-        flat_end = ends[np.cumsum(self.runs.ravel()) - 1]
-        # A table's last run ends at the table's end, not at the next table's first position.
-        return np.minimum(flat_end.reshape(tables, n) - np.arange(tables)[:, None] * n, n)
+        ends = np.append(starts, self.runs.size)[1:]
+        return np.repeat(ends, ends - starts)
 
     def subset(self, rows: np.ndarray) -> TableKeys:
         """The keys of batch ``rows`` (ascending) alone, renumbered 0.. in that order: no new sort."""
@@ -163,7 +161,7 @@ class TableKeys:
         rows = self.rows.ravel()
         positions = np.arange(len(rows))
         # Each position pairs with every later position of its (table, key) run.
-        run_end = self.run_ends().ravel() + np.repeat(np.arange(len(self.keys)) * n, n)
+        run_end = self.run_ends()
         later_count = run_end - positions - 1
         later_count[~self.keyed_positions().ravel()] = 0
         if earlier_rows is not None:
@@ -240,24 +238,31 @@ def _most_shared_grouped(
     sort: a histogram of each row's shared counts gives the count its ``limit``-th candidate shares; those sharing
     more stay, and of those sharing exactly as many, the last ones (the highest names; ``newest=False``: the
     first ones) fill the row's quota."""
-    levels = int(shared.max()) + 1
-    histogram = np.bincount(rows * levels + shared, minlength=(int(rows.max()) + 1) * levels).reshape(-1, levels)
+    # Only the rows over the limit are ranked: renumbered 0.. (they come grouped), one histogram row each.
+    ranked = np.flatnonzero(over)
+    ranked_shared = shared[ranked]
+    starts = run_starts(rows[ranked])
+    sizes = np.diff(np.append(starts, len(ranked)))
+    group = np.repeat(np.arange(len(starts)), sizes)
+    levels = int(ranked_shared.max()) + 1
+    histogram = np.bincount(group * levels + ranked_shared, minlength=len(starts) * levels).reshape(-1, levels)
     # at_least[r, s]: the row's candidates sharing s tables or more.
     at_least = np.cumsum(histogram[:, ::-1], axis=1)[:, ::-1]
     threshold = (at_least >= limit).sum(axis=1) - 1
     above = np.take_along_axis(at_least, np.minimum(threshold + 1, levels - 1)[:, None], axis=1).ravel()
     above[threshold + 1 >= levels] = 0
-    row_threshold = threshold[rows]
-    keep = ~over | (shared > row_threshold)
-    ties = np.flatnonzero(over & (shared == row_threshold))
+    group_threshold = threshold[group]
+    keep = ~over
+    keep[ranked[ranked_shared > group_threshold]] = True
+    ties = np.flatnonzero(ranked_shared == group_threshold)
     if len(ties):
-        tie_rows = rows[ties]
-        starts = run_starts(tie_rows)
-        sizes = np.diff(np.append(starts, len(ties)))
-        place = np.arange(len(ties)) - np.repeat(starts, sizes)
+        tie_groups = group[ties]
+        tie_starts = run_starts(tie_groups)
+        tie_sizes = np.diff(np.append(tie_starts, len(ties)))
+        place = np.arange(len(ties)) - np.repeat(tie_starts, tie_sizes)
         if newest:
-            place = np.repeat(sizes, sizes) - place - 1
-        keep[ties[place < limit - above[tie_rows]]] = True
+            place = np.repeat(tie_sizes, tie_sizes) - place - 1
+        keep[ranked[ties[place < limit - above[tie_groups]]]] = True
     return np.flatnonzero(keep)
 
 
@@ -285,22 +290,29 @@ def run_ranks(starts: np.ndarray, length: int) -> np.ndarray:
 
 def first_copies(fps: np.ndarray, *alike: np.ndarray) -> np.ndarray:
     """Each row's first row with the same fingerprint and the same row in every array of ``alike`` (itself when
-    it is the first). Rows are grouped by a 64-bit hash of the fingerprint and of their rows of ``alike`` (so that
-    texts of one fingerprint and different sketches fall apart), then checked whole: a row that only shares the
-    hash counts as a first (more pairs, never a wrong one)."""
+    it is the first). Rows are grouped by a 64-bit hash of the fingerprint, and those that share it by a hash of
+    their rows of ``alike`` as well (so that texts of one fingerprint and different sketches fall apart), then
+    checked whole: a row that only shares the hash counts as a first (more pairs, never a wrong one)."""
     rows = np.arange(len(fps))
     if not len(fps):
         return rows
     digest = np.bitwise_xor.reduce(fps, axis=1)
+    # A row whose fingerprint no other row has is its own first: only the others hash the rest of their rows.
+    _, inverse, counts = np.unique(digest, return_inverse=True, return_counts=True)
+    shared = np.flatnonzero(counts[inverse.reshape(-1)] > 1)
+    if not len(shared):
+        return rows
+    digest = digest[shared]
     for column in alike:
-        words = column.reshape(len(fps), -1).astype(np.uint64)
+        words = column.reshape(len(fps), -1)[shared].astype(np.uint64)
         digest ^= (words * _row_weights(words.shape[1])).sum(axis=1, dtype=np.uint64)
     _, first, inverse = np.unique(digest, return_index=True, return_inverse=True)
-    copies = first[inverse.reshape(-1)]
-    same = (fps == fps[copies]).all(axis=1)
+    copies = shared[first[inverse.reshape(-1)]]
+    same = (fps[shared] == fps[copies]).all(axis=1)
     for column in alike:
-        same &= (column == column[copies]).reshape(len(fps), -1).all(axis=1)
-    return np.where(same, copies, rows)
+        same &= (column[shared] == column[copies]).reshape(len(shared), -1).all(axis=1)
+    rows[shared[same]] = copies[same]
+    return rows
 
 
 def with_copies(

@@ -244,7 +244,7 @@ class Lookup:
         found_at = flat[probe_of]
         # Each stored row pairs with every batch row of its key's run (usually one): rows of a key that several
         # batch rows share pair again with each further one (more_at), through their row (source).
-        run_ends = (batch_keys.run_ends() + np.arange(tables)[:, None] * n).ravel()
+        run_ends = batch_keys.run_ends()
         shared = np.flatnonzero((run_ends[flat] - flat > 1)[probe_of])
         more_at, source = expand_ranges(found_at[shared] + 1, run_ends[found_at[shared]])
         source = shared[source]
