@@ -21,12 +21,13 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from .decide import BatchTimings, Deduplicator, Verdicts, open_index
+from .decide import BatchTimings, Deduplicator, open_index
 from .document import Document
 from .index import IndexPlan
 from .lifecycle import Lifecycle
 from .settings import Settings
 from .signature import Signatures
+from .verdicts import Verdicts
 from .workers import WorkerDied, WorkerProcess, served_together
 
 __all__ = ["MOST_BATCHES_TOGETHER", "DecisionProcess", "DecisionProcessDied"]

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .decide import Deduplicator, Verdict, open_index
+from .decide import Deduplicator, open_index
 from .document import Document
 from .fingerprint import fingerprint_hex
 from .index import TableKeys
 from .index.keys import LONE_SEGMENT_LIMIT
 from .settings import Settings
+from .verdicts import Verdict
 
 __all__ = ["Explanation", "explain"]
 

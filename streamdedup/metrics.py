@@ -73,7 +73,7 @@ _STAGE_HELP = {
 
 
 class VerdictLike(Protocol):
-    """What :meth:`ServiceMetrics.record_verdicts` reads of a :class:`streamdedup.decide.Verdict`."""
+    """What :meth:`ServiceMetrics.record_verdicts` reads of a :class:`streamdedup.verdicts.Verdict`."""
 
     @property
     def novel(self) -> bool: ...

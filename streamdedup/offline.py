@@ -20,13 +20,14 @@ from typing import BinaryIO, NamedTuple, TextIO
 import numpy as np
 from tqdm import tqdm
 
-from .decide import Deduplicator, Verdicts, open_index
+from .decide import Deduplicator, open_index
 from .document import DeadLetter, Document, DocumentDecoder
 from .fingerprint import Fingerprinter, fingerprint_hex
 from .garbage import collecting_for_batches
 from .index import IndexPlan, planned
 from .settings import InputSettings, Settings
 from .signature import Signatures, Signer, SignerPool
+from .verdicts import Verdicts
 
 __all__ = ["DedupSummary", "Example", "decide_lines", "dedup_file", "fingerprint_command", "index_plan", "signer_pool"]
 

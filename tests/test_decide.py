@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 
 from streamdedup import decide
 from streamdedup.bench.adversarial import boilerplate_stream, template_stream
-from streamdedup.decide import Deduplicator, Verdict, Verdicts, _duplicates_in_stream_order, open_index
+from streamdedup.decide import Deduplicator, _duplicates_in_stream_order, open_index
 from streamdedup.document import Document
 from streamdedup.index import IndexStorageError
 from streamdedup.quality.corpus import load_stream
 from streamdedup.quality.natural import load_natural
 from streamdedup.settings import Settings, load_settings
 from streamdedup.signature import Signatures
+from streamdedup.verdicts import Verdict
 from tests.conftest import plant_decision_bug
 
 BASE = "the quick brown fox jumps over the lazy dog while the farmer watches from the old red barn"
@@ -84,25 +85,6 @@ def test_a_batch_of_verdicts_reads_as_columns_and_as_rows(settings: Settings, tm
     assert rows[1][:2] == (False, "near") and rows[1][3] == "d0" and rows[1][4] == verdicts.distances[1]
     assert verdicts.errors == (None, None, None)  # a text without features is unindexable, not an error
     assert type(verdicts[0]) is Verdict and type(next(iter(verdicts))) is Verdict
-
-
-def test_verdicts_split_into_the_parts_they_were_joined_from(settings: Settings, tmp_path: Path) -> None:
-    texts = [
-        BASE,
-        BASE.replace("lazy", "sleepy"),
-        "https://example.com/only-a-link",
-        BASE + " again",
-        "other words here",
-    ]
-    with open_index(settings, tmp_path / "idx") as index:
-        verdicts = Deduplicator(settings, index).decide(docs(texts))
-    parts = verdicts.split([2, 0, 3])
-    assert [len(part) for part in parts] == [2, 0, 3]
-    assert [v.match_id for part in parts for v in part] == [v.match_id for v in verdicts]
-    rejoined = Verdicts.joined(Verdicts.joined(parts[0], parts[1]), parts[2])
-    assert rejoined.reasons == verdicts.reasons and rejoined.fingerprints.tolist() == verdicts.fingerprints.tolist()
-    with pytest.raises(ValueError, match="parts of 4 documents"):
-        verdicts.split([4])
 
 
 def test_duplicates_are_not_indexed_and_match_the_kept_original(settings: Settings, tmp_path: Path) -> None:

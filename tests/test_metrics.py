@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 import streamdedup
-from streamdedup.decide import Verdict
 from streamdedup.health import HealthServer
 from streamdedup.index import SegmentIndex
 from streamdedup.metrics import (
@@ -29,6 +28,7 @@ from streamdedup.metrics import (
     index_capacity_bytes,
 )
 from streamdedup.names import DEAD_LETTER_REASONS, METRIC_PREFIX
+from streamdedup.verdicts import Verdict
 
 # The catalogue the dashboard, the alerts and docs/operations.md are written against.
 EXPECTED_FAMILIES = {

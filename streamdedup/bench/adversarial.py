@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from ..decide import Verdicts
 from ..settings import Settings
+from ..verdicts import Verdicts
 from .growth import Window, run_growth
 from .growth_corpus import DEFAULT_CORPUS, ensure_corpus, read_corpus
 

@@ -36,10 +36,11 @@ from typing import NamedTuple
 import numpy as np
 import psutil
 
-from ..decide import Deduplicator, Verdicts, open_index
+from ..decide import Deduplicator, open_index
 from ..garbage import collecting_for_batches
 from ..offline import decide_lines, signer_pool
 from ..settings import Settings
+from ..verdicts import Verdicts
 from .growth_corpus import DEFAULT_CORPUS, SOURCES, ensure_corpus, read_corpus
 from .host import CpuMeter
 

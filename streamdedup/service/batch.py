@@ -16,7 +16,6 @@ import numpy as np
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from ..decide import Verdict, Verdicts
 from ..document import DeadLetter, Document
 from ..fingerprint import fingerprint_hex
 from ..kafka.consumer import Unreadable
@@ -41,6 +40,7 @@ from ..names import (
 )
 from ..settings import Settings
 from ..signature import Signatures
+from ..verdicts import Verdict, Verdicts
 from .origins import Origin
 
 __all__ = ["BatchOutput", "Decided", "Decision", "Prepared", "crashed"]

@@ -24,7 +24,7 @@ import numpy as np
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from ..decide import BatchTimings, Verdicts
+from ..decide import BatchTimings
 from ..decision_process import DecisionProcess, DecisionProcessDied
 from ..document import Document, DocumentDecoder
 from ..index import STORAGE_ERRORS
@@ -36,6 +36,7 @@ from ..lifecycle import StopRequest
 from ..metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
 from ..settings import Settings
 from ..signature import Signatures, signing_id
+from ..verdicts import Verdicts
 from .backoff import Backoff
 from .batch import BatchOutput, Decided, Decision, Prepared, crashed
 from .origins import Carried, Origin, Origins
