@@ -349,7 +349,7 @@ class Deduplicator:
     ) -> Verdicts:
         started = time.perf_counter()
         if signatures.keys is None or not signatures.keys.plan.same_lookup(self.index.plan):
-            signatures = self.signer.keyed(signatures)
+            signatures = self.signer.keyed(signatures, estimate=False)
         keys, pairs = signatures.keys, signatures.pairs
         assert keys is not None and pairs is not None
         fps, sketches = signatures.fingerprints, signatures.sketches
@@ -374,15 +374,15 @@ class Deduplicator:
             # An id settles what it names, whatever a text's nearest match.
             stored_matches = redelivered.over(stored.best(stored.visible(kept_before, self._max_entries), by_id=False))
             matches = stored_matches.over(
-                self._resolve_within_batch(id_column, times, pairs, stored_matches, repeats, kept_before)
+                self._resolve_within_batch(id_column, times, sketches, pairs, stored_matches, repeats, kept_before)
             )
             if pairs.copies is not None and self._kept_later_copy(indexable, pairs.copies, matches):
                 # Only first copies were candidates, which is exact while no later copy is kept: here one is.
-                every_pair = self.signer.keyed(signatures, every_pair=True).pairs
+                every_pair = self.signer.keyed(signatures, every_pair=True, estimate=False).pairs
                 assert every_pair is not None
                 pairs = every_pair
                 matches = stored_matches.over(
-                    self._resolve_within_batch(id_column, times, pairs, stored_matches, repeats, kept_before)
+                    self._resolve_within_batch(id_column, times, sketches, pairs, stored_matches, repeats, kept_before)
                 )
             duplicate = matches.matched(len(docs))
             if self._max_entries is None:
@@ -691,6 +691,7 @@ class Deduplicator:
         self,
         ids: np.ndarray,
         times: np.ndarray,
+        sketches: np.ndarray,
         pairs: BatchPairs,
         matches: _Matches,
         repeats: BatchPairs,
@@ -699,6 +700,10 @@ class Deduplicator:
         """The rows ``matches`` leave unmatched that match an earlier *kept* row of the same batch within
         ``max_entries`` kept documents (``kept_before`` each row; None: all), in stream order: those of the same
         id (``repeats``) first, then the near ones."""
+        matched = matches.matched(len(ids))
+        # A pair with a side matched already decides nothing (its row is a duplicate, or its candidate is): only
+        # the others need their estimates.
+        pairs = pairs.estimated(~(matched[pairs.earlier] | matched[pairs.later]), self.sketcher, sketches)
         earlier, later = np.concatenate([repeats.earlier, pairs.earlier]), np.concatenate([repeats.later, pairs.later])
         if not len(earlier):
             return _Matches.none()
@@ -708,7 +713,6 @@ class Deduplicator:
         visible = self._in_window(kept_before, earlier, later)
         order = self._ranked(later, earlier, distances, jaccard, times[earlier], times[later], by_id, visible)
         rows, candidates = later[order], earlier[order]
-        matched = matches.matched(len(ids))
         duplicate = _duplicates_in_stream_order(matched, rows, candidates)
         # Each row matched here takes its best candidate that is kept itself (pairs come best first per row).
         taken = np.flatnonzero(~matched[rows] & ~duplicate[candidates])

@@ -150,16 +150,34 @@ def test_decide_with_given_signatures_gives_the_same_verdicts(settings: Settings
             dedup = Deduplicator(settings, index)
             results.append(
                 [
-                    (v.novel, v.reason, v.match_id)
+                    (v.novel, v.reason, v.match_id, v.jaccard)
                     for batch in batches
                     for v in dedup.decide(batch, signatures=signer.sign([d.text for d in batch]) if signer else None)
                 ]
             )
     assert all(result == results[0] for result in results[1:])
-    assert sum(not novel for novel, _, _ in results[0]) > 1000
+    assert sum(not novel for novel, _, _, _ in results[0]) > 1000
     one = Signer(settings.fingerprint, settings.dedup).sign(["one text"])
     with open_index(settings, tmp_path / "bad") as index, pytest.raises(ValueError, match="signatures for"):
         Deduplicator(settings, index).decide(batches[0], signatures=one)
+
+
+def test_pairs_keyed_without_estimates_make_those_asked_for_as_keying_with_them_does(settings: Settings) -> None:
+    texts = [d.text for d in load_stream(split="tune")[:3000]]
+    signer = Signer(settings.fingerprint, settings.dedup, index_plan(settings))
+    signatures = signer.sign(texts)
+    estimated = signer.keyed(signatures).pairs
+    deferred = signer.keyed(signatures, estimate=False).pairs
+    assert estimated is not None and deferred is not None
+    assert len(deferred.jaccard) == len(estimated.jaccard) > 500 and np.isnan(deferred.jaccard).all()
+    keep = np.random.default_rng(5).random(len(deferred.later)) < 0.3
+    made = deferred.estimated(keep, signer.sketcher, signatures.sketches)
+    assert made.jaccard.tolist() == estimated.jaccard[keep].tolist()
+    assert made.earlier.tolist() == estimated.earlier[keep].tolist()
+    assert made.distances.tolist() == estimated.distances[keep].tolist()
+    # Made once, an estimate is kept: asking again makes none.
+    again = made.estimated(np.ones(len(made.later), dtype=bool), signer.sketcher, signatures.sketches[:0])
+    assert again.jaccard.tolist() == made.jaccard.tolist()
 
 
 def test_batches_of_a_killed_worker_fail_with_worker_died(settings: Settings) -> None:
