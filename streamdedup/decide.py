@@ -374,7 +374,7 @@ class Deduplicator:
             # An id settles what it names, whatever a text's nearest match.
             stored_matches = redelivered.over(stored.best(stored.visible(kept_before, self._max_entries), by_id=False))
             matches = stored_matches.over(
-                self._resolve_within_batch(id_column, times, sketches, pairs, stored_matches, repeats, kept_before)
+                self._resolve_within_batch(id_column, times, fps, sketches, pairs, stored_matches, repeats, kept_before)
             )
             if pairs.copies is not None and self._kept_later_copy(indexable, pairs.copies, matches):
                 # Only first copies were candidates, which is exact while no later copy is kept: here one is.
@@ -382,7 +382,9 @@ class Deduplicator:
                 assert every_pair is not None
                 pairs = every_pair
                 matches = stored_matches.over(
-                    self._resolve_within_batch(id_column, times, sketches, pairs, stored_matches, repeats, kept_before)
+                    self._resolve_within_batch(
+                        id_column, times, fps, sketches, pairs, stored_matches, repeats, kept_before
+                    )
                 )
             duplicate = matches.matched(len(docs))
             if self._max_entries is None:
@@ -691,6 +693,7 @@ class Deduplicator:
         self,
         ids: np.ndarray,
         times: np.ndarray,
+        fps: np.ndarray,
         sketches: np.ndarray,
         pairs: BatchPairs,
         matches: _Matches,
@@ -702,8 +705,8 @@ class Deduplicator:
         id (``repeats``) first, then the near ones."""
         matched = matches.matched(len(ids))
         # A pair with a side matched already decides nothing (its row is a duplicate, or its candidate is): only
-        # the others need their estimates.
-        pairs = pairs.estimated(~(matched[pairs.earlier] | matched[pairs.later]), self.sketcher, sketches)
+        # the others need their distances and estimates.
+        pairs = pairs.estimated(~(matched[pairs.earlier] | matched[pairs.later]), self.sketcher, fps, sketches)
         earlier, later = np.concatenate([repeats.earlier, pairs.earlier]), np.concatenate([repeats.later, pairs.later])
         if not len(earlier):
             return _Matches.none()

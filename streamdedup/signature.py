@@ -20,7 +20,7 @@ import numpy as np
 
 from .features import FeatureExtractor
 from .fingerprint import FingerprintBatch, Fingerprinter
-from .index import IndexPlan, TableKeys, first_copies, table_keys, with_copies
+from .index import UNMEASURED, IndexPlan, TableKeys, first_copies, table_keys, with_copies
 from .minhash import EMPTY_SLOT, SKETCH_DTYPE, BottomK
 from .names import NOT_SIGNED
 from .settings import DedupSettings, FingerprintSettings
@@ -43,8 +43,8 @@ should have it (at nice 10 the scheduler gives a signer about a tenth of a conte
 @dataclass(frozen=True)
 class BatchPairs:
     """Indexable texts of one batch that share a table key and lie within the plan's radius, sorted by
-    (earlier, later): their rows, Hamming distance and the Jaccard estimate of their sketches (NaN where not made
-    yet: see :meth:`Signer.keyed` and :meth:`estimated`).
+    (earlier, later): their rows, Hamming distance and the Jaccard estimate of their sketches (``UNMEASURED`` and
+    NaN where not made yet: see :meth:`Signer.keyed` and :meth:`estimated`).
 
     Of texts signed alike (the same fingerprint and sketch: copies), only the first is ever an earlier side, and
     each later copy is paired with its first copy and with the earlier sides of its first copy, whatever the
@@ -58,13 +58,19 @@ class BatchPairs:
     jaccard: np.ndarray
     copies: np.ndarray | None = None
 
-    def estimated(self, keep: np.ndarray, sketcher: BottomK, sketches: np.ndarray) -> BatchPairs:
-        """The pairs where ``keep`` (a mask), each with its Jaccard estimate: those not made yet made now."""
-        earlier, later, jaccard = self.earlier[keep], self.later[keep], self.jaccard[keep]
+    def estimated(self, keep: np.ndarray, sketcher: BottomK, fps: np.ndarray, sketches: np.ndarray) -> BatchPairs:
+        """The pairs where ``keep`` (a mask), each with its distance and Jaccard estimate: those not made yet made
+        now."""
+        earlier, later = self.earlier[keep], self.later[keep]
+        distances, jaccard = self.distances[keep], self.jaccard[keep]
+        unmeasured = np.flatnonzero(distances == UNMEASURED)
+        if len(unmeasured):
+            apart = fps[earlier[unmeasured]] ^ fps[later[unmeasured]]
+            distances[unmeasured] = np.bitwise_count(apart).sum(axis=1)
         missing = np.flatnonzero(np.isnan(jaccard))
         if len(missing):
             jaccard[missing] = sketcher.jaccard(sketches, sketches[earlier[missing]], a_rows=later[missing])
-        return BatchPairs(earlier, later, self.distances[keep], jaccard, self.copies)
+        return BatchPairs(earlier, later, distances, jaccard, self.copies)
 
 
 @dataclass(frozen=True)
@@ -171,9 +177,9 @@ class Signer:
     def keyed(self, signatures: Signatures, *, every_pair: bool = False, estimate: bool = True) -> Signatures:
         """``signatures`` with their table keys under this signer's plan and their near pairs (see
         :class:`BatchPairs`: only first copies as the earlier side, unless ``every_pair``). ``estimate=False``
-        leaves the pairs' Jaccard estimates to be made where needed: the decision core, which keys batches joined
-        after signing, needs only the pairs of texts the index does not match already (about a quarter on
-        natural text)."""
+        leaves the pairs' Jaccard estimates, and their distances where the radius cuts nothing, to be made where
+        needed: the decision core, which keys batches joined after signing, needs only the pairs of texts the
+        index does not match already (about a quarter on natural text)."""
         if self.plan is None:
             raise ValueError("a signer without a table plan cannot key signatures")
         fps = signatures.fingerprints
@@ -185,6 +191,7 @@ class Signer:
             None if every_pair else firsts,
             key_capacity=self._key_capacity,
             max_candidates=self._max_candidates,
+            measured=estimate,
         )
         # As a stored copy is found by its contents (``index.contents``) when its keys cannot lead to it, a copy in
         # the batch is compared with its first copy, and with what that was compared with: a bound never lets a

@@ -14,6 +14,7 @@ from streamdedup.decide import Deduplicator, open_index
 from streamdedup.document import Document
 from streamdedup.features import FeatureExtractor, route_of
 from streamdedup.fingerprint import Fingerprinter
+from streamdedup.index import UNMEASURED
 from streamdedup.index.plan import make_segment_plan
 from streamdedup.minhash import BottomK
 from streamdedup.offline import index_plan
@@ -170,14 +171,18 @@ def test_pairs_keyed_without_estimates_make_those_asked_for_as_keying_with_them_
     deferred = signer.keyed(signatures, estimate=False).pairs
     assert estimated is not None and deferred is not None
     assert len(deferred.jaccard) == len(estimated.jaccard) > 500 and np.isnan(deferred.jaccard).all()
+    # A copy's distance to its first copy is known without measuring; every other waits.
+    assert set(deferred.distances.tolist()) <= {UNMEASURED, 0} and (deferred.distances == UNMEASURED).sum() > 500
     keep = np.random.default_rng(5).random(len(deferred.later)) < 0.3
-    made = deferred.estimated(keep, signer.sketcher, signatures.sketches)
+    made = deferred.estimated(keep, signer.sketcher, signatures.fingerprints, signatures.sketches)
     assert made.jaccard.tolist() == estimated.jaccard[keep].tolist()
     assert made.earlier.tolist() == estimated.earlier[keep].tolist()
     assert made.distances.tolist() == estimated.distances[keep].tolist()
     # Made once, an estimate is kept: asking again makes none.
-    again = made.estimated(np.ones(len(made.later), dtype=bool), signer.sketcher, signatures.sketches[:0])
-    assert again.jaccard.tolist() == made.jaccard.tolist()
+    again = made.estimated(
+        np.ones(len(made.later), dtype=bool), signer.sketcher, signatures.fingerprints[:0], signatures.sketches[:0]
+    )
+    assert again.jaccard.tolist() == made.jaccard.tolist() and again.distances.tolist() == made.distances.tolist()
 
 
 def test_batches_of_a_killed_worker_fail_with_worker_died(settings: Settings) -> None:

@@ -3,7 +3,7 @@ batch's table keys under a plan (``TableKeys``, ``table_keys``)."""
 
 from __future__ import annotations
 
-from .keys import TableKeys, first_copies, table_keys, with_copies
+from .keys import UNMEASURED, TableKeys, first_copies, table_keys, with_copies
 from .plan import IndexPlan, PlanError, make_plan
 from .segment import (
     BYTES_PAYLOAD,
@@ -21,6 +21,7 @@ __all__ = [
     "BYTES_PAYLOAD",
     "SKETCH_PAYLOAD",
     "STORAGE_ERRORS",
+    "UNMEASURED",
     "Candidates",
     "EntryRecords",
     "IndexPlan",

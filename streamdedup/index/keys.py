@@ -18,6 +18,7 @@ __all__ = [
     "FULL_RUN_LEADS",
     "LONE_SEGMENT_LIMIT",
     "RARE_SEGMENT_LIMIT",
+    "UNMEASURED",
     "HeldRows",
     "TableKeys",
     "first_copies",
@@ -35,6 +36,9 @@ share two or more of them. A copy at Jaccard 0.8 keeps each segment with a chanc
 segment is its three features of least hash), so it keeps at most one of 12 about once in 400 copies, and at
 Jaccard 0.9 once in 190,000; a candidate that shares one segment of 12 shares a common phrase."""
 
+
+UNMEASURED = -1
+"""The distance of a pair not measured yet (see :meth:`TableKeys.pairs`)."""
 
 FULL_RUN_LEADS = 4
 """Earlier sides of a batch's run of one key as long as ``dedup.key_capacity`` (a template, boilerplate): its
@@ -146,6 +150,7 @@ class TableKeys:
         *,
         key_capacity: int | None = None,
         max_candidates: int | None = None,
+        measured: bool = True,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All (earlier, later, distance) row pairs within the plan's radius that share a key in some table
         (the same guarantee as the stored tables), sorted by (earlier, later); only those whose earlier row is
@@ -155,18 +160,22 @@ class TableKeys:
         earlier rows that share the most tables with it, and the first row of each of its keys' runs, of those
         :meth:`well_shared`. Only kept rows can match and the keys do not know which are kept: the first rows of
         the runs are those most likely kept, where a burst of near copies of one kept text would otherwise crowd
-        it out of the most shared."""
+        it out of the most shared. With ``measured=False``, where the radius cuts nothing, each distance is
+        :data:`UNMEASURED`, left to whoever needs it."""
         n = len(self)
         none = np.zeros(0, np.intp), np.zeros(0, np.intp), np.zeros(0, np.int64)
         rows = self.rows.ravel()
         positions = np.arange(len(rows))
         # Each position pairs with every later position of its (table, key) run.
-        run_end = self.run_ends()
+        starts = np.flatnonzero(self.runs.ravel())
+        ends = np.append(starts, len(rows))[1:]
+        sizes = ends - starts
+        run_end = np.repeat(ends, sizes)
+        rank = positions - np.repeat(starts, sizes)
         later_count = run_end - positions - 1
         later_count[~self.keyed_positions().ravel()] = 0
         if earlier_rows is not None:
             later_count[~earlier_rows[rows]] = 0
-        rank = run_ranks(np.flatnonzero(self.runs.ravel()), len(rows))
         if key_capacity is not None:
             # Only a run as long as key_capacity reaches that rank: such a run leads from its first rows.
             full = run_end - positions + rank >= key_capacity
@@ -201,6 +210,8 @@ class TableKeys:
             earlier, later = earlier[chosen], later[chosen]
         order = np.argsort(earlier * n + later)
         earlier, later = earlier[order], later[order]
+        if not measured and self.plan.radius >= self.plan.bits:
+            return earlier, later, np.full(len(earlier), UNMEASURED, dtype=np.int64)
         distances = np.bitwise_count(fps[earlier] ^ fps[later]).sum(axis=1).astype(np.int64)
         near = distances <= self.plan.radius
         return earlier[near], later[near], distances[near]

@@ -13,6 +13,7 @@ from streamdedup.index import SegmentIndex, make_plan, table_keys
 from streamdedup.index.keys import (
     FULL_RUN_LEADS,
     LONE_SEGMENT_LIMIT,
+    UNMEASURED,
     HeldRows,
     first_copies,
     most_shared,
@@ -89,6 +90,11 @@ def test_pairs_are_the_rows_within_the_radius_that_share_a_key(name: str) -> Non
     assert 0 < len(chosen) < len(expected)
     assert np.array_equal(np.stack([some_earlier, some_later], axis=1), chosen)
     assert some_distances.tolist() == distance[some_earlier, some_later].tolist()
+    # Unmeasured, the same pairs: their distances wait only where the radius cuts nothing.
+    lazy_earlier, lazy_later, lazy_distances = keys.pairs(fps, measured=False)
+    assert lazy_earlier.tolist() == earlier.tolist() and lazy_later.tolist() == later.tolist()
+    cuts = plan.radius < plan.bits
+    assert lazy_distances.tolist() == (distances.tolist() if cuts else [UNMEASURED] * len(distances))
 
 
 @pytest.mark.parametrize("name", ["segments-512", "segments-1024"])
