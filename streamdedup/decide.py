@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 _REASONS = np.array(get_args(Reason), dtype=object)
 _NOVEL, _EXACT, _NEAR, _REDELIVERED, _UNINDEXABLE = range(len(_REASONS))
 
-_FIRST_VERIFIED = 4
+_FIRST_VERIFIED = 1
 """Stored candidates of each row verified in the first round (see ``Deduplicator._stored_matches``)."""
 _DEEPER_EACH_ROUND = 4
 """How many times as deep into each row's candidates a round goes as the one before."""
@@ -562,9 +562,9 @@ class Deduplicator:
         A row's candidates are verified in the order of the tables they share with it, most first, the earliest
         stored among equals, then the exact copies the content index finds (documents stored under too few keys for
         the tables to lead to, see ``index.contents``); its best candidate is the first in that order that passes.
-        Rounds verify the first 4 of each row, then 16, 64, ...: a row stops at the first round with a candidate
-        that passes and that ``max_entries`` cannot hide, so a copy costs the sketches of a few candidates, not of
-        all of them, and only the rows the tables leave open ask the content index. The verdicts are those of
+        Rounds verify the first of each row, then 4, 16, ...: a row stops at the first round with a candidate
+        that passes and that ``max_entries`` cannot hide, so a copy costs the sketches of a few candidates, not of all
+        of them, and only the rows the tables leave open ask the content index. The verdicts are those of
         verifying every one."""
         rows = np.flatnonzero(indexable)
         compared = np.zeros(len(ids), dtype=np.int64)
