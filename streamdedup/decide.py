@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
+from operator import itemgetter
 from pathlib import Path
 from typing import get_args
 
@@ -200,6 +201,16 @@ def _duplicates_in_stream_order(matched: np.ndarray, rows: np.ndarray, candidate
     return duplicate
 
 
+_ID, _TIME, _ORIGIN = (itemgetter(Document._fields.index(name)) for name in ("id", "time", "origin"))
+
+
+def _columns(docs: Sequence[Document]) -> tuple[list[str], np.ndarray, list[tuple[str, int, int] | None]]:
+    """The documents' ids, event times and origins (without a container object a document, which would set off
+    the garbage collector)."""
+    times = np.fromiter(map(_TIME, docs), dtype=np.float64, count=len(docs))
+    return list(map(_ID, docs)), times, list(map(_ORIGIN, docs))
+
+
 def _payloads(sketches: np.ndarray) -> np.ndarray:
     """The index's payloads of these sketches: each row's bytes."""
     return np.ascontiguousarray(sketches).view(np.uint8).reshape(len(sketches), sketches.shape[1] * sketches.itemsize)
@@ -315,12 +326,13 @@ class Deduplicator:
             raise ValueError(f"{len(signatures)} signatures for {len(docs)} documents")
         if not signatures.indexable.all():
             raise ValueError("a document without features, or that could not be signed, is never kept")
+        ids, times, origins = _columns(docs)
         self.index.add(
-            [doc.id for doc in docs],
+            ids,
             signatures.fingerprints,
-            times=np.fromiter((doc.time for doc in docs), dtype=np.float64, count=len(docs)),
+            times=times,
             payloads=_payloads(signatures.sketches),
-            origins=[doc.origin for doc in docs],
+            origins=origins,
             source_offsets=source_offsets,
         )
 
@@ -353,12 +365,10 @@ class Deduplicator:
         keys, pairs = signatures.keys, signatures.pairs
         assert keys is not None and pairs is not None
         fps, sketches = signatures.fingerprints, signatures.sketches
-        times = np.fromiter((doc.time for doc in docs), dtype=np.float64, count=len(docs))
+        ids, times, origins = _columns(docs)
         indexable = signatures.indexable
-        ids = [doc.id for doc in docs]
         id_column = np.empty(len(ids), dtype=object)
         id_column[:] = ids
-        origins = [doc.origin for doc in docs]
         fingerprinted = time.perf_counter()
 
         redeliveries = self._stored_redeliveries(ids, origins, fps, times, sketches)
@@ -412,12 +422,13 @@ class Deduplicator:
         if part_offsets is not None:
             kept_ends = np.searchsorted(keep, [end for end, _ in part_offsets]).tolist()
             parts = [(kept_end, offsets) for kept_end, (_, offsets) in zip(kept_ends, part_offsets, strict=True)]
+        kept_rows = keep.tolist()
         self.index.add(
-            [ids[row] for row in keep],
+            list(map(ids.__getitem__, kept_rows)),
             fps[keep],
             times=times[keep],
             payloads=_payloads(sketches[keep]),
-            origins=[origins[row] for row in keep],
+            origins=list(map(origins.__getitem__, kept_rows)),
             source_offsets=source_offsets,
             keys=kept_keys,
             parts=parts,
