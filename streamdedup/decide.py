@@ -17,7 +17,7 @@ from functools import partial
 from itertools import pairwise
 from operator import itemgetter
 from pathlib import Path
-from typing import get_args
+from typing import cast, get_args
 
 import numpy as np
 
@@ -202,6 +202,8 @@ def _duplicates_in_stream_order(matched: np.ndarray, rows: np.ndarray, candidate
 
 
 _ID, _TIME, _ORIGIN = (itemgetter(Document._fields.index(name)) for name in ("id", "time", "origin"))
+_OFFSET = itemgetter(2)
+"""An origin's offset: (topic, partition, offset)."""
 
 
 def _columns(docs: Sequence[Document]) -> tuple[list[str], np.ndarray, list[tuple[str, int, int] | None]]:
@@ -209,6 +211,13 @@ def _columns(docs: Sequence[Document]) -> tuple[list[str], np.ndarray, list[tupl
     the garbage collector)."""
     times = np.fromiter(map(_TIME, docs), dtype=np.float64, count=len(docs))
     return list(map(_ID, docs)), times, list(map(_ORIGIN, docs))
+
+
+def _offsets(origins: list[tuple[str, int, int] | None]) -> np.ndarray:
+    """Each origin's offset, -1 where there is none (a batch from Kafka has them all, one from a file none)."""
+    if None not in origins:
+        return np.fromiter(map(_OFFSET, cast("list[tuple[str, int, int]]", origins)), np.int64, len(origins))
+    return np.fromiter((-1 if origin is None else origin[2] for origin in origins), np.int64, len(origins))
 
 
 def _payloads(sketches: np.ndarray) -> np.ndarray:
@@ -589,7 +598,7 @@ class Deduplicator:
         checked = np.zeros(len(found), dtype=bool)
         settled = np.zeros(len(ids), dtype=bool)
         # Each row's origin offset (-1 without one): only a candidate stored at the same offset can be its replay.
-        offsets = np.fromiter((-1 if origin is None else origin[2] for origin in origins), np.int64, len(origins))
+        offsets = _offsets(origins)
         verified = partial(
             self._verified,
             ids=ids,
@@ -669,7 +678,8 @@ class Deduplicator:
         """Of these ``found`` candidates (positions), those still stored that pass, with their records read;
         ``compared`` counts, per row, the candidates verified."""
         present, candidate_times, payloads = self.index.times_and_payloads(found.entries[candidates])
-        candidates, candidate_times, payloads = candidates[present], candidate_times[present], payloads[present]
+        if not present.all():
+            candidates, candidate_times, payloads = candidates[present], candidate_times[present], payloads[present]
         compared += np.bincount(query[candidates], minlength=len(compared))
         jaccard = self.sketcher.jaccard(sketches, payloads.view(SKETCH_DTYPE), a_rows=query[candidates])
         # Most candidates fail: only those that pass have their records read.
