@@ -340,7 +340,14 @@ def with_copies(
     first = copies[copied]
     order = np.argsort(first, kind="stable")
     copied, first = copied[order], first[order]
-    at, pair = expand_ranges(np.searchsorted(first, later, side="left"), np.searchsorted(first, later, side="right"))
+    # Only the pairs whose later row has copies of its own are searched for: a mask finds them at a gather each.
+    has_copies = np.zeros(len(copies), dtype=bool)
+    has_copies[first] = True
+    into = np.flatnonzero(has_copies[later])
+    at, hit = expand_ranges(
+        np.searchsorted(first, later[into], side="left"), np.searchsorted(first, later[into], side="right")
+    )
+    pair = into[hit]
     joined_earlier = np.concatenate([earlier, earlier[pair], first]).astype(np.intp)
     joined_later = np.concatenate([later, copied[at], copied]).astype(np.intp)
     joined_distances = np.concatenate([distances, distances[pair], np.zeros(len(copied), dtype=distances.dtype)])
