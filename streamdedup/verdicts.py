@@ -9,13 +9,13 @@ from typing import Literal, NamedTuple, overload
 
 import numpy as np
 
-__all__ = ["STORED", "Reason", "Verdict", "Verdicts"]
+__all__ = ["Reason", "Verdict", "Verdicts"]
 
 # "redelivered": the id of an earlier kept document from another origin (an upstream redelivery), whatever
 # its text.
 Reason = Literal["novel", "exact", "near", "redelivered", "unindexable"]
 
-STORED: Reason = "novel"
+_STORED: Reason = "novel"
 """The reason of the documents the index stores: novel ones that could be looked up (not "unindexable")."""
 
 
@@ -85,7 +85,7 @@ class Verdicts(Sequence[Verdict]):
     @property
     def stored(self) -> np.ndarray:
         """Which documents the index stored: the novel ones that could be looked up and stored."""
-        return np.asarray(self.reasons, dtype=object) == STORED
+        return np.asarray(self.reasons, dtype=object) == _STORED
 
     def split(self, sizes: Sequence[int]) -> list[Verdicts]:
         """The verdicts of consecutive parts of this batch, of these sizes (the inverse of :meth:`joined`)."""
