@@ -118,11 +118,15 @@ class TableKeys:
         rich = np.bincount(rows[rare], minlength=len(self)) >= RARE_SEGMENT_LIMIT
         return full & rich[rows]
 
-    def run_ends(self) -> np.ndarray:
-        """Flat (T * n): the end (exclusive, a flat position) of the run each position belongs to. Every table's
-        first position starts a run, so a table's last run ends where the next table begins."""
+    def run_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each run's start and end (exclusive), as flat (T * n) positions. Every table's first position starts a
+        run, so a table's last run ends where the next table begins."""
         starts = np.flatnonzero(self.runs.ravel())
-        ends = np.append(starts, self.runs.size)[1:]
+        return starts, np.append(starts, self.runs.size)[1:]
+
+    def run_ends(self) -> np.ndarray:
+        """Flat (T * n): the end (exclusive, a flat position) of the run each position belongs to."""
+        starts, ends = self.run_bounds()
         return np.repeat(ends, ends - starts)
 
     def subset(self, rows: np.ndarray) -> TableKeys:
@@ -167,8 +171,7 @@ class TableKeys:
         rows = self.rows.ravel()
         positions = np.arange(len(rows))
         # Each position pairs with every later position of its (table, key) run.
-        starts = np.flatnonzero(self.runs.ravel())
-        ends = np.append(starts, len(rows))[1:]
+        starts, ends = self.run_bounds()
         sizes = ends - starts
         run_end = np.repeat(ends, sizes)
         rank = positions - np.repeat(starts, sizes)
