@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import pairwise
 from operator import itemgetter
@@ -39,6 +39,8 @@ _REASONS = np.array(get_args(Reason), dtype=object)
 _NOVEL, _EXACT, _NEAR, _REDELIVERED, _UNINDEXABLE = range(len(_REASONS))
 
 _FIRST_VERIFIED = 1
+# Exact copies (found by content) rank before the candidates of any number of tables.
+_EXACT_SHARED = 1 << 16
 """Stored candidates of each row verified in the first round (see ``Deduplicator._stored_matches``)."""
 _DEEPER_EACH_ROUND = 4
 """How many times as deep into each row's candidates a round goes as the one before."""
@@ -116,6 +118,10 @@ class _Passed:
     distances: np.ndarray
     jaccard: np.ndarray
     surely_visible: np.ndarray
+
+    def shifted(self, offset: int) -> _Passed:
+        """These candidates at positions ``offset`` further (their lookup's candidates joined after others)."""
+        return replace(self, candidates=self.candidates + offset)
 
     @staticmethod
     def ranked(rounds: Sequence[_Passed], query: np.ndarray, found: Candidates) -> _StoredCandidates:
@@ -381,7 +387,7 @@ class Deduplicator:
         fingerprinted = time.perf_counter()
 
         redeliveries = self._stored_redeliveries(ids, origins, fps, times, sketches)
-        stored, stored_counts, lookup_keys = self._stored_matches(ids, origins, fps, times, sketches, indexable, keys)
+        stored, stored_counts, lookup = self._stored_matches(ids, origins, fps, times, sketches, indexable, keys)
         self.last_candidates = stored_counts + np.bincount(pairs.later, minlength=len(docs))
         repeats = self._repeated_ids(ids, fps, sketches, indexable)
         # What a row sees depends on how many rows before it are kept (max_entries), which depends on what those
@@ -422,11 +428,7 @@ class Deduplicator:
         looked_up = time.perf_counter()
         keep = np.flatnonzero(indexable & ~duplicate)
         # The kept rows' keys as the lookup saw them, with the rows each key holds: not read again to store them.
-        kept_keys = (
-            keys.subset(keep)
-            if lookup_keys is None
-            else lookup_keys.subset(np.searchsorted(np.flatnonzero(indexable), keep))
-        )
+        kept_keys = keys.subset(keep) if lookup is None else lookup[1].subset(np.searchsorted(lookup[0], keep))
         parts = None
         if part_offsets is not None:
             kept_ends = np.searchsorted(keep, [end for end, _ in part_offsets]).tolist()
@@ -575,28 +577,22 @@ class Deduplicator:
         sketches: np.ndarray,
         indexable: np.ndarray,
         keys: TableKeys,
-    ) -> tuple[_StoredCandidates, np.ndarray, TableKeys | None]:
+    ) -> tuple[_StoredCandidates, np.ndarray, tuple[np.ndarray, TableKeys] | None]:
         """Accepted stored candidates, best first per row; how many stored candidates each row was compared with;
-        and the indexable rows' keys with the rows each holds, when the lookup counted them.
+        and the rows looked up in the tables with their keys and the rows each key holds, when the lookup counted
+        them.
 
-        A row's candidates are verified in the order of the tables they share with it, most first, the earliest
-        stored among equals, then the exact copies the content index finds (documents stored under too few keys for
-        the tables to lead to, see ``index.contents``); its best candidate is the first in that order that passes.
-        Rounds verify the first of each row, then 4, 16, ...: a row stops at the first round with a candidate
-        that passes and that ``max_entries`` cannot hide, so a copy costs the sketches of a few candidates, not of all
-        of them, and only the rows the tables leave open ask the content index. The verdicts are those of
-        verifying every one."""
+        A row's candidates are verified in this order: the exact copies the content index finds (see
+        ``index.contents``), then the candidates of the tables, most tables shared first, the earliest stored among
+        equals; its best candidate is the first in that order that passes. The exact copies go first, every row at
+        once, and only the rows they leave open look up the tables: an exact copy costs one probe and one sketch,
+        not the rows of its keys. Rounds then verify the first candidate of each row, then 4, 16, ...: a row stops
+        at the first round with a candidate that passes and that ``max_entries`` cannot hide, so a near copy costs
+        the sketches of a few candidates, not of all of them. The verdicts are those of verifying every one."""
         rows = np.flatnonzero(indexable)
         compared = np.zeros(len(ids), dtype=np.int64)
         if not len(rows) or not len(self.index):
             return _StoredCandidates.none(), compared, None
-        lookup_keys = keys.subset(rows)
-        found = self.index.candidates(fps[rows], keys=lookup_keys, max_candidates=self._max_candidates)
-        if found.held is not None:
-            lookup_keys = lookup_keys.with_held(found.held)
-        query = rows[found.rows]
-        checked = np.zeros(len(found), dtype=bool)
-        settled = np.zeros(len(ids), dtype=bool)
         # Each row's origin offset (-1 without one): only a candidate stored at the same offset can be its replay.
         offsets = _offsets(origins)
         verified = partial(
@@ -609,6 +605,15 @@ class Deduplicator:
             sketches=sketches,
             compared=compared,
         )
+        settled = np.zeros(len(ids), dtype=bool)
+        exact, exact_query, exact_passed = self._same_contents(rows, fps, sketches, verified, settled)
+        looked_up = rows[~settled[rows]]
+        lookup_keys = keys.subset(looked_up)
+        found = self.index.candidates(fps[looked_up], keys=lookup_keys, max_candidates=self._max_candidates)
+        if found.held is not None:
+            lookup_keys = lookup_keys.with_held(found.held)
+        query = looked_up[found.rows]
+        checked = np.zeros(len(found), dtype=bool)
         passed: list[_Passed] = []
         limit = _FIRST_VERIFIED
         while True:
@@ -624,42 +629,41 @@ class Deduplicator:
             checked[top] = True
             passed.append(batch)
             settled[query[batch.candidates[batch.surely_visible]]] = True
-        found, query = self._with_same_contents(
-            rows, np.flatnonzero(~settled[rows]), fps, sketches, found, query, passed, verified
+        if exact_passed is None:
+            return _Passed.ranked(passed, query, found), compared, (looked_up, lookup_keys)
+        joined = Candidates(
+            np.concatenate([exact.rows, found.rows]),
+            np.concatenate([exact.entries, found.entries]),
+            np.concatenate([exact.shared, found.shared]),
         )
-        return _Passed.ranked(passed, query, found), compared, lookup_keys
+        shifted = [exact_passed, *(each.shifted(len(exact)) for each in passed)]
+        return (
+            _Passed.ranked(shifted, np.concatenate([exact_query, query]), joined),
+            compared,
+            (looked_up, lookup_keys),
+        )
 
-    def _with_same_contents(
+    def _same_contents(
         self,
         rows: np.ndarray,
-        open_rows: np.ndarray,
         fps: np.ndarray,
         sketches: np.ndarray,
-        found: Candidates,
-        query: np.ndarray,
-        passed: list[_Passed],
         verified: Callable[[np.ndarray, np.ndarray, Candidates], _Passed],
-    ) -> tuple[Candidates, np.ndarray]:
-        """``found`` (the tables' candidates for the looked-up ``rows``, each the row ``query`` names) and the
-        entries the content index finds for the ``open_rows`` of them (positions in ``rows``), after them and
-        counted as sharing no table, so that they rank after every candidate of the tables; those that pass join
-        ``passed``."""
-        if not len(open_rows):
-            return found, query
-        asked = rows[open_rows]
-        payloads = np.ascontiguousarray(sketches[asked]).view(np.uint8).reshape(len(asked), -1)
-        same = self.index.same_contents(fps[asked], payloads)
+        settled: np.ndarray,
+    ) -> tuple[Candidates, np.ndarray, _Passed | None]:
+        """The stored entries of exactly the same contents as ``rows`` (the content index's), verified first and
+        ranked before every candidate of the tables; the rows they settle are marked in ``settled``."""
+        payloads = np.ascontiguousarray(sketches[rows]).view(np.uint8).reshape(len(rows), -1)
+        same = self.index.same_contents(fps[rows], payloads)
         if same is None or not len(same[0]):
-            return found, query
+            empty = np.zeros(0, dtype=np.int64)
+            return Candidates(empty, empty.astype(np.uint64), empty), empty, None
         at, entries = same
-        joined = Candidates(
-            np.concatenate([found.rows, open_rows[at]]),
-            np.concatenate([found.entries, entries]),
-            np.concatenate([found.shared, np.zeros(len(at), dtype=found.shared.dtype)]),
-        )
-        query = np.concatenate([query, asked[at]])
-        passed.append(verified(len(found) + np.arange(len(at)), query, joined))
-        return joined, query
+        exact = Candidates(at, entries, np.full(len(at), _EXACT_SHARED, dtype=np.int64))
+        query = rows[at]
+        batch = verified(np.arange(len(at)), query, exact)
+        settled[query[batch.candidates[batch.surely_visible]]] = True
+        return exact, query, batch
 
     def _verified(
         self,

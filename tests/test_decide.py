@@ -421,6 +421,25 @@ def test_an_exact_copy_of_a_document_its_keys_had_no_room_for_is_dropped(setting
     assert verdicts[2].distance == 0 and verdicts[2].jaccard == 1.0
 
 
+def test_an_exact_copy_is_the_match_before_any_candidate_of_the_tables(settings: Settings, tmp_path: Path) -> None:
+    # Two stored entries of one fingerprint: the first under every key, with the sketch of a near copy, and the
+    # second under none (one row a key), with the text's own sketch. The tables lead to the first, which passes;
+    # the content leads to the second, which is verified first and settles the row as an exact copy.
+    one_row = settings.model_copy(update={"dedup": settings.dedup.model_copy(update={"key_capacity": 1})})
+    with open_index(one_row, tmp_path / "idx") as index:
+        dedup = Deduplicator(one_row, index)
+        signed = dedup.signer.sign([BASE, BASE.replace("lazy", "sleepy")])
+        fp = signed.fingerprints[:1]
+        for doc_id, sketch in (("near", signed.sketches[1:]), ("same", signed.sketches[:1])):
+            index.add([doc_id], fp, payloads=decide._payloads(sketch))
+        found = index.candidates(fp)
+        assert index.records_of(found.entries)[1].ids == ["near"]
+        copy = Signatures(fp, signed.sketches[:1], (None,), signed.empty[:1])
+        verdict = dedup.decide(docs([BASE], 2), signatures=copy)[0]
+        assert dedup.last_candidates.tolist() == [1]
+    assert (verdict.reason, verdict.match_id, verdict.distance, verdict.jaccard) == ("exact", "same", 0, 1.0)
+
+
 @pytest.mark.parametrize(("stream", "max_entries"), [("tune", None), ("template", None), ("tune", 300)])
 def test_stored_candidates_verified_in_rounds_decide_as_verifying_every_one(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: str, max_entries: int | None

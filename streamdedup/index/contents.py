@@ -1,14 +1,15 @@
-"""The content index: the entries that the tables could not lead an exact copy to, by a 64-bit hash of their
-fingerprint and payload.
+"""The content index: every stored entry by a 64-bit hash of its fingerprint and payload.
 
-``dedup.key_capacity`` bounds the rows a table key leads to, so a key that many documents share (a template, a
-common phrase) takes no more once full. A document stored under few keys (a short, common text: "New upstream
-release.", "Valid values are:") is then found through the tables by none of its copies, or ranked among the many
-earlier documents that share those keys and cut by ``dedup.max_candidates``: every copy of it would be published.
-Such documents (stored under at most ``FEW_KEYS`` keys) get a row here, and a document that the tables leave
-without a match is looked up here, so their exact copies are caught whatever the keys. Rows are kept as
-``hashed_runs`` keeps them; what a probe finds is a candidate, verified on its record like any other (collisions,
-removed entries). Indexes created before format 9 have no contents.
+A document is looked up here before the tables: an exact copy, the most common duplicate of natural feeds (a third
+of the documents of the growth benchmark's text once its index holds half a million), costs one probe here, where
+the tables would read a few dozen rows of its keys and rank them. What the tables leave to it too: ``dedup.
+key_capacity`` bounds the rows a table key leads to, so a document stored under few keys (a short, common text:
+"New upstream release.", "Valid values are:") is found through the tables by none of its copies, or ranked among
+the many earlier documents that share those keys and cut by ``dedup.max_candidates``; here its exact copies are
+caught whatever the keys. Rows are kept as ``hashed_runs`` keeps them, searched in place in the map; what a probe
+finds is a candidate, verified on its record like any other (collisions, removed entries). Indexes created before
+format 9 have no contents, and those written by earlier releases hold rows only for the entries then stored under
+at most two table keys: the tables find the copies of the others.
 """
 
 from __future__ import annotations
@@ -22,12 +23,8 @@ import numpy as np
 from .hashed_runs import HashedRuns
 from .store import META_UNSWEPT_CONTENTS, Store, mixed_in
 
-__all__ = ["FEW_KEYS", "Contents", "NoContents", "content_hashes", "content_index"]
+__all__ = ["Contents", "NoContents", "content_hashes", "content_index"]
 
-FEW_KEYS = 2
-"""Documents stored under at most this many table keys get a content row (about one kept document in 17 of the
-growth benchmark's natural text): an exact copy shares with its original only the keys the original was stored
-under, and two keys are what a common phrase shares with many documents."""
 _SEED = np.uint64(0x243F6A8885A308D3)
 _MULTIPLIER_SEED = 0x13198A2E
 
@@ -66,21 +63,16 @@ class Contents(HashedRuns):
     """Rows of (content hash, entry key) in the ``contents`` database."""
 
     def __init__(self, store: Store, db: Any) -> None:
-        # Few entries have a row (about one in 17 kept on natural text: 16 bytes of memory for each) and every
-        # batch probes them: held in memory, a probe costs no read.
-        super().__init__(store, db, META_UNSWEPT_CONTENTS, rows_in_memory=True)
+        super().__init__(store, db, META_UNSWEPT_CONTENTS)
 
     def find(self, txn: Any, fps: np.ndarray, payloads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The entries that may hold each row's fingerprint and payload: the row (ascending) and the entry key of
         each row found. To be confirmed on the entries' records: some are removed, a few collide."""
         return self.read(txn, content_hashes(fps, payloads))
 
-    def add(self, txn: Any, fps: np.ndarray, payloads: np.ndarray, seqs: np.ndarray, keys_stored: np.ndarray) -> None:
-        """Store the contents of the new entries stored under at most ``FEW_KEYS`` table keys (``keys_stored``
-        each): one run."""
-        few = np.flatnonzero(keys_stored <= FEW_KEYS)
-        if len(few):
-            self.insert(txn, content_hashes(fps[few], payloads[few]), seqs[few])
+    def add(self, txn: Any, fps: np.ndarray, payloads: np.ndarray, seqs: np.ndarray) -> None:
+        """Store the contents of the new entries: one run."""
+        self.insert(txn, content_hashes(fps, payloads), seqs)
 
 
 class NoContents:
@@ -89,7 +81,7 @@ class NoContents:
     def find(self, txn: Any, fps: np.ndarray, payloads: np.ndarray) -> None:
         """Nothing: exact copies are found through the tables alone."""
 
-    def add(self, txn: Any, fps: np.ndarray, payloads: np.ndarray, seqs: np.ndarray, keys_stored: np.ndarray) -> None:
+    def add(self, txn: Any, fps: np.ndarray, payloads: np.ndarray, seqs: np.ndarray) -> None:
         """Nothing to store."""
 
     def removed(self, txn: Any, count: int) -> None:

@@ -199,7 +199,6 @@ class Writes:
             together = _Rows(
                 keys, np.arange(first_seq, first_seq + len(rows), dtype=np.uint64), self._placed(txn, keys)
             )
-            stored_counts = np.bincount(keys.rows[together.placed], minlength=len(rows))
         last = max((at for at, part in enumerate(part_rows) if len(part)), default=-1)
         done = 0
         for at, (rows_of_part, (_, offsets)) in enumerate(zip(part_rows, parts, strict=True)):
@@ -208,25 +207,21 @@ class Writes:
                     # A batch in one part, without repeated ids (the offline mode's), is stored as it is.
                     whole = len(rows_of_part) == len(batch)
                     part = batch if whole else batch.subset(rows_of_part, keyed=False)
-                    counts = stored_counts[done : done + len(part)]
                     table_keys = together.keys.keys if done == 0 else together.keys.keys[:, :0]
-                    self._add_part(txn, part, counts, table_keys, together if at == last else None)
+                    self._add_part(txn, part, table_keys, together if at == last else None)
                 else:
                     part = batch.subset(rows_of_part)
                     part_keys = part.table_keys
                     placed = self._placed(txn, part_keys)
-                    counts = np.bincount(part_keys.rows[placed], minlength=len(part))
                     seqs = self.store.counter(txn, META_NEXT_SEQ) + np.arange(len(part), dtype=np.uint64)
-                    self._add_part(txn, part, counts, part_keys.keys, _Rows(part_keys, seqs, placed))
+                    self._add_part(txn, part, part_keys.keys, _Rows(part_keys, seqs, placed))
                 done += len(rows_of_part)
             if offsets:
                 self.store.put_source_offsets(txn, offsets)
 
-    def _add_part(
-        self, txn: Any, batch: Batch, stored_counts: np.ndarray, table_keys: np.ndarray, rows: _Rows | None
-    ) -> None:
-        """Store one part (ids distinct): its entries, each with the count of table rows it has (``stored_counts``),
-        ``table_keys`` in the key filter, and ``rows`` (this part's table rows, or every part's)."""
+    def _add_part(self, txn: Any, batch: Batch, table_keys: np.ndarray, rows: _Rows | None) -> None:
+        """Store one part (ids distinct): its entries, ``table_keys`` in the key filter, and ``rows`` (this part's
+        table rows, or every part's)."""
         id_keys = keys_of_ids(batch.id_bytes)
         undo = Undo(
             self.store.counter(txn, META_NEXT_SEQ),
@@ -242,7 +237,7 @@ class Writes:
         _, existing = self.lookup.entries_of_ids(txn, batch.id_bytes)
         if len(existing):
             self.expiry.remove(txn, existing, undo)
-        seqs, seq_keys = self._insert_entries(txn, batch, stored_counts)
+        seqs, seq_keys = self._insert_entries(txn, batch)
         # Before the next part looks its ids up.
         self.cached.keys_added(txn, table_keys, id_keys)
         if rows is not None:
@@ -268,7 +263,7 @@ class Writes:
             placed &= self._within_capacity(txn, batch_keys)
         return placed
 
-    def _insert_entries(self, txn: Any, batch: Batch, stored_counts: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
+    def _insert_entries(self, txn: Any, batch: Batch) -> tuple[np.ndarray, list[bytes]]:
         """Store a batch's entries (ids distinct, none stored); returns their entry keys, as numbers and bytes."""
         fps, times, origins = batch.fps, batch.times, batch.origins
         n = len(fps)
@@ -304,7 +299,7 @@ class Writes:
         with txn.cursor(self.store.entries) as cursor:
             cursor.putmulti(zip(seq_keys, self.fmt.records.encode(head, batch.id_bytes), strict=True), append=True)
         self.lookup.ids.add(txn, batch.id_bytes, seqs)
-        self.lookup.contents.add(txn, fps.reshape(n, self.fmt.words), head["payload"], seqs, stored_counts)
+        self.lookup.contents.add(txn, fps.reshape(n, self.fmt.words), head["payload"], seqs)
         return seqs, seq_keys
 
     def _insert_times(self, txn: Any, batch: Batch, undo: Undo, seqs: np.ndarray, seq_keys: list[bytes]) -> None:
