@@ -193,7 +193,7 @@ class Signer:
             max_candidates=self._max_candidates,
             measured=estimate,
         )
-        # As a stored copy is found by its contents (``index.contents``) when its keys cannot lead to it, a copy in
+        # As a stored copy is found by its contents (``index.contents``) whatever its keys, a copy in
         # the batch is compared with its first copy, and with what that was compared with: a bound never lets a
         # copy through that its first copy did not get past.
         earlier, later, distances = with_copies((earlier, later, distances), copies)
