@@ -39,11 +39,11 @@ _REASONS = np.array(get_args(Reason), dtype=object)
 _NOVEL, _EXACT, _NEAR, _REDELIVERED, _UNINDEXABLE = range(len(_REASONS))
 
 _FIRST_VERIFIED = 1
-# Exact copies (found by content) rank before the candidates of any number of tables.
-_EXACT_SHARED = 1 << 16
 """Stored candidates of each row verified in the first round (see ``Deduplicator._stored_matches``)."""
 _DEEPER_EACH_ROUND = 4
 """How many times as deep into each row's candidates a round goes as the one before."""
+_EXACT_SHARED = 1 << 16
+"""The tables an exact copy found by content counts as sharing: more than any, so it ranks before them all."""
 
 _RESOLVE_ROUNDS = 8
 """Rounds of the vectorised in-batch resolution before the rest goes row by row (``_duplicates_in_stream_order``)."""
@@ -606,7 +606,7 @@ class Deduplicator:
             compared=compared,
         )
         settled = np.zeros(len(ids), dtype=bool)
-        exact, exact_query, exact_passed = self._same_contents(rows, fps, sketches, verified, settled)
+        exact, exact_passed = self._same_contents(rows, fps, sketches, verified, settled)
         looked_up = rows[~settled[rows]]
         lookup_keys = keys.subset(looked_up)
         found = self.index.candidates(fps[looked_up], keys=lookup_keys, max_candidates=self._max_candidates)
@@ -631,17 +631,14 @@ class Deduplicator:
             settled[query[batch.candidates[batch.surely_visible]]] = True
         if exact_passed is None:
             return _Passed.ranked(passed, query, found), compared, (looked_up, lookup_keys)
+        # Both lookups' candidates as one, each named by its batch row.
         joined = Candidates(
-            np.concatenate([exact.rows, found.rows]),
+            np.concatenate([exact.rows, query]),
             np.concatenate([exact.entries, found.entries]),
             np.concatenate([exact.shared, found.shared]),
         )
         shifted = [exact_passed, *(each.shifted(len(exact)) for each in passed)]
-        return (
-            _Passed.ranked(shifted, np.concatenate([exact_query, query]), joined),
-            compared,
-            (looked_up, lookup_keys),
-        )
+        return _Passed.ranked(shifted, joined.rows, joined), compared, (looked_up, lookup_keys)
 
     def _same_contents(
         self,
@@ -650,20 +647,20 @@ class Deduplicator:
         sketches: np.ndarray,
         verified: Callable[[np.ndarray, np.ndarray, Candidates], _Passed],
         settled: np.ndarray,
-    ) -> tuple[Candidates, np.ndarray, _Passed | None]:
-        """The stored entries of exactly the same contents as ``rows`` (the content index's), verified first and
-        ranked before every candidate of the tables; the rows they settle are marked in ``settled``."""
+    ) -> tuple[Candidates, _Passed | None]:
+        """The stored entries of exactly the same contents as ``rows`` (the content index's), each named by its
+        batch row, and those of them that pass, verified first and ranked before every candidate of the tables;
+        the rows they settle are marked in ``settled``."""
         payloads = np.ascontiguousarray(sketches[rows]).view(np.uint8).reshape(len(rows), -1)
         same = self.index.same_contents(fps[rows], payloads)
         if same is None or not len(same[0]):
             empty = np.zeros(0, dtype=np.int64)
-            return Candidates(empty, empty.astype(np.uint64), empty), empty, None
+            return Candidates(empty, empty.astype(np.uint64), empty), None
         at, entries = same
-        exact = Candidates(at, entries, np.full(len(at), _EXACT_SHARED, dtype=np.int64))
-        query = rows[at]
-        batch = verified(np.arange(len(at)), query, exact)
-        settled[query[batch.candidates[batch.surely_visible]]] = True
-        return exact, query, batch
+        exact = Candidates(rows[at], entries, np.full(len(at), _EXACT_SHARED, dtype=np.int64))
+        passed = verified(np.arange(len(at)), exact.rows, exact)
+        settled[exact.rows[passed.candidates[passed.surely_visible]]] = True
+        return exact, passed
 
     def _verified(
         self,
