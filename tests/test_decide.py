@@ -440,6 +440,27 @@ def test_an_exact_copy_is_the_match_before_any_candidate_of_the_tables(settings:
     assert (verdict.reason, verdict.match_id, verdict.distance, verdict.jaccard) == ("exact", "same", 0, 1.0)
 
 
+def test_only_the_rows_their_exact_copies_leave_open_look_up_the_tables(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = "an entirely different sentence about databases, transactions and the weather in spring"
+    novel = "a third text, on rivers and the boats that carry grain down them to the sea each autumn"
+    with open_index(settings, tmp_path / "idx") as index:
+        dedup = Deduplicator(settings, index)
+        dedup.decide(docs([BASE, other]))
+        looked_up: list[int] = []
+        candidates = index.candidates
+
+        def counted(fps: np.ndarray, **options: object) -> object:
+            looked_up.append(len(fps))
+            return candidates(fps, **options)
+
+        monkeypatch.setattr(index, "candidates", counted)
+        verdicts = dedup.decide(docs([BASE, novel, other.replace("spring", "autumn")], 2))
+    assert [(v.reason, v.match_id) for v in verdicts] == [("exact", "d0"), ("novel", None), ("near", "d1")]
+    assert looked_up == [2]
+
+
 @pytest.mark.parametrize(("stream", "max_entries"), [("tune", None), ("template", None), ("tune", 300)])
 def test_stored_candidates_verified_in_rounds_decide_as_verifying_every_one(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: str, max_entries: int | None
