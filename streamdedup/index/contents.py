@@ -8,8 +8,7 @@ key_capacity`` bounds the rows a table key leads to, so a document stored under 
 the many earlier documents that share those keys and cut by ``dedup.max_candidates``; here its exact copies are
 caught whatever the keys. Rows are kept as ``hashed_runs`` keeps them, searched in place in the map; what a probe
 finds is a candidate, verified on its record like any other (collisions, removed entries). Indexes created before
-format 9 have no contents, and those written by earlier releases hold rows only for the entries then stored under
-at most two table keys: the tables find the copies of the others.
+format 9 have no contents: the tables alone find their copies.
 """
 
 from __future__ import annotations
