@@ -172,9 +172,8 @@ class TableKeys:
         positions = np.arange(len(rows))
         # Each position pairs with every later position of its (table, key) run.
         starts, ends = self.run_bounds()
-        sizes = ends - starts
-        run_end = np.repeat(ends, sizes)
-        rank = positions - np.repeat(starts, sizes)
+        run_end = np.repeat(ends, ends - starts)
+        rank = run_ranks(starts, len(rows))
         later_count = run_end - positions - 1
         later_count[~self.keyed_positions().ravel()] = 0
         if earlier_rows is not None:
