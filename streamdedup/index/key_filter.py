@@ -12,10 +12,11 @@ a hash, so the bit of slot s becomes the bits of both slots it splits into (2s a
 a doubling then hold two bits each; after k doublings about k/2 bits a key are set instead of one (under 8 %
 of absent keys pass after the five doublings from the smallest bitmaps to the largest, against 6 % when
 rebuilt), and no stored entry is read again. A writer prepares the doubling ahead (:meth:`KeyFilter.prepare`):
-from half its capacity on, each batch that adds keys splits one more slice of the bitmaps into the larger ones,
-and keys added meanwhile go into both (into the larger ones where they are split already), so that the batch
-that outgrows the bitmaps finds the larger ones ready rather than pausing to split them all (tens of
-milliseconds at the largest, and on some hosts several times that to touch their fresh memory).
+from half its capacity on, each batch that adds keys splits into the larger bitmaps the share of them that its
+entries are of the way to ``_READY_AT`` of the capacity, and keys added meanwhile go into both (into the larger
+ones where they are split already), so that the batch that outgrows the bitmaps finds the larger ones ready
+rather than pausing to split them all (tens of milliseconds at the largest, and on some hosts several times that
+to touch their fresh memory), and no batch pays more than its share.
 
 One more bitmap does the same for the ids of stored entries (over a hash of each id's key, see
 ``store.id_hashes``): most documents of a stream bring an id never seen, and a clear bit spares the read of the
@@ -58,14 +59,13 @@ MAX_ID_BYTES = 32 << 20
 # Keys per table added at once: with many more, the passes' scattered reads and writes fall out of cache (65,536
 # a table in one go took longer than np.bitwise_or.at; in blocks of this size, 10-20 % less).
 _ADD_BLOCK = 8192
-# A doubling is prepared from this share of the capacity on, a slice a batch in this many slices, each a run of
-# whole tables' bitmaps and a share of the ids': contiguous, so that each slice is also the first touch of only
-# its own share of the larger bitmaps' memory (numpy asks for huge pages, which some hosts are slow to provide,
-# and a slice across every table would touch them all). From a capacity of 262,144 on, where a doubling at once
-# pauses a batch, batches of up to 4,096 new entries take all the slices before the bitmaps are outgrown; what is
-# left when they are is split by the doubling itself.
+# A doubling is prepared from this share of the capacity on and is ready at the second: a batch splits the bytes
+# of the bitmaps (all tables' end to end, and the ids') in proportion to the entries it brings over that span. What
+# a batch splits is contiguous, and so the first touch of only its own share of the larger bitmaps' memory (numpy
+# asks for huge pages, which some hosts are slow to provide). A batch that outgrows the bitmaps before they are
+# ready (more entries than the rest of the span) has the rest split by the doubling itself.
 _PREPARE_FROM = 0.5
-_PREPARE_SLICES = 32
+_READY_AT = 0.875
 
 
 def _spread(nibble_shift: int) -> np.ndarray:
@@ -95,12 +95,16 @@ def _split_slots(bitmaps: np.ndarray) -> np.ndarray:
     return split.view(np.uint8)
 
 
-def _set_bits(bitmaps: np.ndarray, slots: np.ndarray) -> None:
-    """Set the bits of ``slots`` ((rows, m)) in ``bitmaps`` ((rows, bytes)), row for row."""
+def _set_bits(bitmaps: np.ndarray, slots: np.ndarray, limit: int) -> None:
+    """Set the bits of ``slots`` ((rows, m)) in ``bitmaps`` ((rows, bytes)), row for row, those within the first
+    ``limit`` bytes of the rows end to end."""
     row_bytes = np.uint64(bitmaps.shape[1])
     positions = (np.arange(len(slots), dtype=np.uint64)[:, None] * row_bytes + (slots >> np.uint64(3))).ravel()
     positions = positions.astype(np.intp)
     bits = (slots & np.uint64(7)).astype(np.uint8).ravel()
+    if limit < bitmaps.size:
+        within = positions < limit
+        positions, bits = positions[within], bits[within]
     # One pass per bit position, where np.bitwise_or.at takes one pass but 3-6x as long on a batch's keys: within
     # a pass every write ORs the same bit, so keys that share a byte cannot undo each other's.
     order = np.argsort(bits, kind="stable")
@@ -140,9 +144,10 @@ class KeyFilter:
         self._shift = np.uint64(64 - self.slot_bits)
         self._bitmaps = np.zeros((tables, (1 << self.slot_bits) // 8), dtype=np.uint8)
         self._id_bitmap = np.zeros((1, (1 << self.id_slot_bits) // 8), dtype=np.uint8)
-        # The doubling being prepared (:meth:`prepare`), and how many of its slices are split into it.
+        # The doubling being prepared (:meth:`prepare`), and how much of the bitmaps is split into it: bytes of the
+        # tables' bitmaps (end to end) and of the ids'.
         self._larger: KeyFilter | None = None
-        self._split_slices = 0
+        self._split_bytes = (0, 0)
 
     def useful(self, entries: int) -> bool:
         """Whether ``entries`` keys a table leave most of its bits clear (else nearly every key passes and
@@ -161,17 +166,21 @@ class KeyFilter:
         if not self._splits():
             return None
         larger = self._larger_filter()
-        self._split_into(larger, _PREPARE_SLICES)
-        self._larger, self._split_slices = None, 0
+        self._split_into(larger, 1.0)
+        self._larger, self._split_bytes = None, (0, 0)
         larger.covers = self.covers
         return larger
 
     def prepare(self, entries: int) -> None:
-        """With ``entries`` past half the capacity, split one more slice of the bitmaps into those of the next
-        doubling (a writer calls this once a batch that adds keys)."""
-        if self._larger is None and (entries < _PREPARE_FROM * self.capacity or not self._splits()):
+        """With ``entries`` past half the capacity, split the bitmaps into those of the next doubling up to the
+        share that ``entries`` are of the way to ``_READY_AT`` of it (a writer calls this once a batch that adds
+        keys)."""
+        start = _PREPARE_FROM * self.capacity
+        if entries < start or not self._splits():
             return
-        self._split_into(self._larger_filter(), 1)
+        self._split_into(
+            self._larger_filter(), min(1.0, (entries - start) / ((_READY_AT - _PREPARE_FROM) * self.capacity))
+        )
 
     def _splits(self) -> bool:
         """Whether a doubling splits hashed slots (larger bitmaps allowed, and still hashed)."""
@@ -180,27 +189,29 @@ class KeyFilter:
     def _larger_filter(self) -> KeyFilter:
         """The doubling being prepared, started now if none is."""
         if self._larger is None:
-            self._larger, self._split_slices = KeyFilter(self._key_bits, 2 * self.capacity, self.covers), 0
+            self._larger, self._split_bytes = KeyFilter(self._key_bits, 2 * self.capacity, self.covers), (0, 0)
         return self._larger
 
-    def _split_extent(self, slices: int) -> tuple[int, int]:
-        """The tables and the bytes of the ids' bitmap that the first ``slices`` slices cover."""
-        return slices * len(self._bitmaps) // _PREPARE_SLICES, slices * self._id_bitmap.shape[1] // _PREPARE_SLICES
-
-    def _split_into(self, larger: KeyFilter, slices: int) -> None:
-        """Split up to ``slices`` more slices of the bitmaps into ``larger``'s (which holds nothing there yet)."""
-        done = self._split_slices
-        end = min(_PREPARE_SLICES, done + slices)
-        if done == end:
+    def _split_into(self, larger: KeyFilter, share: float) -> None:
+        """Split the bitmaps into ``larger``'s (which holds nothing there yet) up to ``share`` of their bytes."""
+        tables, ids = self._bitmaps.reshape(-1), self._id_bitmap.reshape(-1)
+        # Whole 16-bit words: what _split_slots reads.
+        table_end, id_end = (
+            max(done, 2 * math.ceil(share * len(bitmap) / 2))
+            for done, bitmap in zip(self._split_bytes, (tables, ids), strict=True)
+        )
+        table_start, id_start = self._split_bytes
+        if (table_start, id_start) == (table_end, id_end):
             return
-        (table_start, id_start), (table_end, id_end) = self._split_extent(done), self._split_extent(end)
-        larger._bitmaps[table_start:table_end] = _split_slots(self._bitmaps[table_start:table_end])
+        # A byte of slots 8i..8i+7 splits into the two bytes of slots 16i..16i+15: bytes a..b of the tables' bitmaps
+        # end to end become bytes 2a..2b of the larger ones'.
+        larger._bitmaps.reshape(-1)[2 * table_start : 2 * table_end] = _split_slots(tables[table_start:table_end])
         if larger.id_slot_bits == self.id_slot_bits:
             # At MAX_ID_BYTES already, the ids keep their slots.
-            larger._id_bitmap[:, id_start:id_end] = self._id_bitmap[:, id_start:id_end]
+            larger._id_bitmap.reshape(-1)[id_start:id_end] = ids[id_start:id_end]
         else:
-            larger._id_bitmap[:, 2 * id_start : 2 * id_end] = _split_slots(self._id_bitmap[:, id_start:id_end])
-        self._split_slices = end
+            larger._id_bitmap.reshape(-1)[2 * id_start : 2 * id_end] = _split_slots(ids[id_start:id_end])
+        self._split_bytes = (table_end, id_end)
 
     def _slots(self, keys: np.ndarray) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.uint64)
@@ -215,25 +226,23 @@ class KeyFilter:
         """Mark ``keys`` ((tables, n) uint64, row t holding table t's keys) and ids (their ``id_hashes``, see
         ``store.id_hashes``) as present."""
         keys = np.asarray(keys, dtype=np.uint64)
-        self._add(keys, id_hashes, len(keys), self._id_bitmap.shape[1])
+        self._add(keys, id_hashes, self._bitmaps.size, self._id_bitmap.size)
         larger = self._larger
         if larger is not None:
-            # Only into the slices split already: the others get these bits when they are split, and setting
+            # Only into the bytes split already: the others get these bits when they are split, and setting
             # them now would touch all of the larger bitmaps' memory at once.
-            tables, id_bytes = self._split_extent(self._split_slices)
+            table_bytes, id_bytes = self._split_bytes
             same_ids = larger.id_slot_bits == self.id_slot_bits
-            larger._add(keys, id_hashes, tables, id_bytes if same_ids else 2 * id_bytes)
+            larger._add(keys, id_hashes, 2 * table_bytes, id_bytes if same_ids else 2 * id_bytes)
 
-    def _add(self, keys: np.ndarray, id_hashes: np.ndarray, tables: int, id_bytes: int) -> None:
-        """Set the bits of the first ``tables`` tables' keys, and those of the ids within the first ``id_bytes``
-        bytes of the ids' bitmap."""
+    def _add(self, keys: np.ndarray, id_hashes: np.ndarray, table_bytes: int, id_bytes: int) -> None:
+        """Set the bits of the keys that fall within the first ``table_bytes`` bytes of the tables' bitmaps (end
+        to end), and those of the ids within the first ``id_bytes`` bytes of the ids' bitmap."""
         for start in range(0, keys.shape[1], _ADD_BLOCK):
-            _set_bits(self._bitmaps[:tables], self._slots(keys[:tables, start : start + _ADD_BLOCK]))
+            _set_bits(self._bitmaps, self._slots(keys[:, start : start + _ADD_BLOCK]), table_bytes)
         id_slots = self._id_slots(id_hashes).reshape(1, -1)
-        if id_bytes < self._id_bitmap.shape[1]:
-            id_slots = id_slots[:, (id_slots[0] >> np.uint64(3)) < np.uint64(id_bytes)]
         for start in range(0, id_slots.shape[1], _ADD_BLOCK):
-            _set_bits(self._id_bitmap, id_slots[:, start : start + _ADD_BLOCK])
+            _set_bits(self._id_bitmap, id_slots[:, start : start + _ADD_BLOCK], id_bytes)
 
     def may_contain(self, table: int | np.ndarray, keys: np.ndarray) -> np.ndarray:
         """False where ``keys`` are certainly absent from ``table`` (or from ``table[i]`` each, given an array)."""

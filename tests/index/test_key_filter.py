@@ -3,6 +3,7 @@ for, so lookups stay exact across batches, aborted batches, growth and other wri
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -373,19 +374,29 @@ def test_a_doubling_prepared_batch_by_batch_holds_every_key_and_leaves_nothing_t
     key_filter.prepare(MIN_CAPACITY // 2 - 1)  # below half the capacity: nothing is prepared
     assert key_filter._larger is None
     before = _split_bits(key_filter._bitmaps), _split_bits(key_filter._id_bitmap)
-    # From half the capacity on, each batch splits one more slice; keys added meanwhile go into both filters.
-    slices = key_filter_module._PREPARE_SLICES
-    for batch_number in range(slices):
+    # From half the capacity on, each batch splits its entries' share of the way to _READY_AT of the capacity;
+    # keys added meanwhile go into both filters.
+    span = (key_filter_module._READY_AT - key_filter_module._PREPARE_FROM) * MIN_CAPACITY
+    table_bytes, id_bytes = key_filter._bitmaps.size, key_filter._id_bitmap.size
+    split_before = 0
+    for batch_number in range(1, int(span) // batch + 2):
         key_filter.prepare(MIN_CAPACITY // 2 + batch_number * batch)
         added.append(add_batch())
-        # What is not split yet is not written (not even touched) in the larger bitmaps: table 1 is the second
-        # half of the slices, the ids' bitmap a share in each.
         larger = key_filter._larger
         assert larger is not None
-        split_ids = 2 * (batch_number + 1) * key_filter._id_bitmap.shape[1] // slices
-        assert not larger._id_bitmap[:, split_ids:].any() and larger._id_bitmap[:, :split_ids].any()
-        assert larger._bitmaps[1].any() == (batch_number + 1 >= slices)
-    assert key_filter._split_slices == key_filter_module._PREPARE_SLICES
+        share = min(1.0, batch_number * batch / span)
+        split_tables, split_ids = key_filter._split_bytes
+        assert split_tables == 2 * math.ceil(share * table_bytes / 2) and split_ids == 2 * math.ceil(
+            share * id_bytes / 2
+        )
+        # Each batch splits about as much, and what is not split yet is not written (not even touched) in the
+        # larger bitmaps, the tables' end to end.
+        assert split_tables - split_before <= 2 * math.ceil(batch / span * table_bytes / 2) + 2
+        split_before = split_tables
+        flat = larger._bitmaps.reshape(-1)
+        assert not flat[2 * split_tables :].any() and flat[: 2 * split_tables].any()
+        assert not larger._id_bitmap[:, 2 * split_ids :].any() and larger._id_bitmap[:, : 2 * split_ids].any()
+    assert key_filter._split_bytes == (table_bytes, id_bytes)
     after = _split_bits(key_filter._bitmaps), _split_bits(key_filter._id_bitmap)
     split = key_filter_module._split_slots
     monkeypatch.setattr(key_filter_module, "_split_slots", mock_split := mock.Mock(side_effect=split))
