@@ -17,9 +17,10 @@ With ``--natural N``, the service alone instead runs a backlog of the first N do
 corpus (natural text: this machine's Debian package texts) and prints its rate per window of ``--window``
 records consumed, the decision process's microseconds per record in each window, and the last window's rate
 over the first's. Then the same documents arrive as a steady stream (``--steady-rate`` msg/s, by default 80 %
-of the backlog's mean rate), produced by another process, into a fresh index: each window prints the largest
-lag seen (records produced and not yet consumed), and the run the largest lag of each half of the stream. A
-service whose cost grew with its index would fall further behind its input as it filled.
+of the backlog's mean rate), produced by another process, into a fresh index: each window prints the median and
+the largest lag seen (records produced and not yet consumed, sampled every 5 ms), and the run, for each half of
+the stream, the median of the windows' medians and the largest lag. A service whose cost grew with its index would
+fall further behind its input as it filled.
 """
 
 from __future__ import annotations
@@ -255,19 +256,23 @@ async def _natural(
             )
     finally:
         await _delete_topics(bootstrap, prefix)
-    for number, (consumed, rate, lag, deciding, batch) in enumerate(lags, start=1):
+    for number, (consumed, rate, lag, median, deciding, batch) in enumerate(lags, start=1):
         print(
-            f"steady window {number:>3}: {rate:>8,.0f} msg/s, {consumed:>9,} consumed, lag at most {lag:>7,} "
-            f"records ({lag / steady_rate:.2f} s of input), {deciding:>5.1f} us/doc deciding, "
+            f"steady window {number:>3}: {rate:>8,.0f} msg/s, {consumed:>9,} consumed, lag median {median:>6,}, "
+            f"at most {lag:>7,} records ({lag / steady_rate:.2f} s of input), {deciding:>5.1f} us/doc deciding, "
             f"batches of {batch:,.0f}"
         )
-    # By halves: one window's largest lag is one moment's (a merge, another process on the cores).
+    # By halves: one window's largest lag is one moment's (a merge, another process on the cores); its median is
+    # what the stream waits most of the time.
     half = (len(lags) + 1) // 2
-    first, second = max(each[2] for each in lags[:half]), max(each[2] for each in lags[half:] or lags[-1:])
+    halves = lags[:half], lags[half:] or lags[-1:]
+    largest = [max(each[2] for each in part) for part in halves]
+    medians = [int(np.median([each[3] for each in part])) for part in halves]
     print(
-        f"largest lag, first half of the stream / second half: {first:,} / {second:,} records "
-        f"({first / steady_rate:.2f} / {second / steady_rate:.2f} s of input); the last record consumed "
-        f"{drain:.2f} s after it was produced"
+        f"lag, first half of the stream / second half: median of the windows' medians {medians[0]:,} / "
+        f"{medians[1]:,} records ({medians[0] / steady_rate:.2f} / {medians[1] / steady_rate:.2f} s of input), "
+        f"largest {largest[0]:,} / {largest[1]:,} ({largest[0] / steady_rate:.2f} / {largest[1] / steady_rate:.2f} s); "
+        f"the last record consumed {drain:.2f} s after it was produced"
     )
     return 0
 
@@ -281,10 +286,10 @@ async def _steady(
     rate: int,
     index: Path,
     window: int,
-) -> tuple[list[tuple[int, float, int, float, float]], float]:
+) -> tuple[list[tuple[int, float, int, int, float, float]], float]:
     """The service over ``values`` produced at ``rate`` msg/s by another process (so that producing does not
-    share the service's event loop): (records consumed, msg/s, the largest lag seen, microseconds the decision
-    process spent per record, records per batch, one Kafka transaction each) at the end of each ``window``
+    share the service's event loop): (records consumed, msg/s, the largest and the median lag seen, microseconds
+    the decision process spent per record, records per batch, one Kafka transaction each) at the end of each ``window``
     records consumed, and the seconds from the last record produced to its consumption. The first record is
     produced alone, and the stream starts once it is consumed: the group has joined."""
     service = DedupService(_service_settings(settings, bootstrap, source, sink, index))
@@ -292,7 +297,7 @@ async def _steady(
     context = multiprocessing.get_context("spawn")
     produced = context.Value("q", 0, lock=False)
     finished = context.Value("d", 0.0, lock=False)
-    windows: list[tuple[int, float, int, float, float]] = []
+    windows: list[tuple[int, float, int, int, float, float]] = []
     with collecting_for_batches():
         async with service, asyncio.timeout(3600):
             await _produce(bootstrap, source, values[:1])
@@ -309,11 +314,11 @@ async def _steady(
                     service.metrics.registry.get_sample_value(deciding) or 0.0,
                     service.stats.transactions,
                 )
-                lag = 0
+                lags: list[int] = []
                 while True:
                     # Counted together as each batch is published: a window's records and its transactions.
                     consumed, batches, now = service.stats.consumed, service.stats.transactions, time.perf_counter()
-                    lag = max(lag, produced.value + 1 - consumed)  # + the first record, produced alone
+                    lags.append(produced.value + 1 - consumed)  # + the first record, produced alone
                     if consumed - mark[1] >= window or consumed >= len(values):
                         registry = service.metrics.registry
                         decided = registry.get_sample_value(deciding) or 0.0
@@ -322,12 +327,13 @@ async def _steady(
                             (
                                 consumed,
                                 records / (now - mark[0]),
-                                lag,
+                                max(lags),
+                                int(np.median(lags)),
                                 (decided - mark[2]) / records * 1e6,
                                 records / (batches - mark[3]),
                             )
                         )
-                        mark, lag = (now, consumed, decided, batches), 0
+                        mark, lags = (now, consumed, decided, batches), []
                     if consumed >= len(values):
                         break
                     _check_exit(producer, running=True)

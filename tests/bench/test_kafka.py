@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from streamdedup.bench.kafka import _check_exit, main
@@ -136,8 +137,8 @@ def test_natural_text_through_the_service_reports_each_window(
     assert steady_rate and int(steady_rate[1].replace(",", "")) % 100 == 0
     assert int(steady_rate[1].replace(",", "")) == pytest.approx(max(100, 0.8 * mean), abs=101)
     steady = re.findall(
-        r"^steady window +(\d+): +([\d,]+) msg/s, +([\d,]+) consumed, lag at most +([\d,]+) records "
-        r"\(([\d.]+) s of input\), +([\d.]+) us/doc deciding, batches of ([\d,]+)$",
+        r"^steady window +(\d+): +([\d,]+) msg/s, +([\d,]+) consumed, lag median +([\d,]+), at most +([\d,]+) "
+        r"records \(([\d.]+) s of input\), +([\d.]+) us/doc deciding, batches of ([\d,]+)$",
         out,
         re.MULTILINE,
     )
@@ -146,26 +147,33 @@ def test_natural_text_through_the_service_reports_each_window(
     assert steady_consumed[-1] == 3000 and all(
         later - earlier >= 1000 for earlier, later in itertools.pairwise(steady_consumed[:-1])
     )
-    lags = [int(found[3].replace(",", "")) for found in steady]
+    medians = [int(found[3].replace(",", "")) for found in steady]
+    lags = [int(found[4].replace(",", "")) for found in steady]
     # Produced and not yet consumed: never more than the stream, and more than nothing at some moment (a
-    # record is consumed only after it was produced, and each window's batches take milliseconds).
+    # record is consumed only after it was produced, and each window's batches take milliseconds); a window's
+    # median no more than its largest.
     assert all(0 <= lag <= 3000 for lag in lags) and max(lags) > 0
+    assert all(0 <= median <= lag for median, lag in zip(medians, lags, strict=True))
     for found, lag in zip(steady, lags, strict=True):
-        assert float(found[4]) == pytest.approx(lag / int(steady_rate[1].replace(",", "")), abs=0.006)
+        assert float(found[5]) == pytest.approx(lag / int(steady_rate[1].replace(",", "")), abs=0.006)
     # Batches of at most the 100 records a batch was limited to.
-    assert all(1 <= int(found[6].replace(",", "")) <= 100 for found in steady)
+    assert all(1 <= int(found[7].replace(",", "")) <= 100 for found in steady)
     halves = re.search(
-        r"^largest lag, first half of the stream / second half: ([\d,]+) / ([\d,]+) records "
-        r"\(([\d.]+) / ([\d.]+) s of input\); the last record consumed ([\d.]+) s after it was produced$",
+        r"^lag, first half of the stream / second half: median of the windows' medians ([\d,]+) / ([\d,]+) "
+        r"records \(([\d.]+) / ([\d.]+) s of input\), largest ([\d,]+) / ([\d,]+) \(([\d.]+) / ([\d.]+) s\); "
+        r"the last record consumed ([\d.]+) s after it was produced$",
         out,
         re.MULTILINE,
     )
     half = (len(lags) + 1) // 2
     assert halves
-    assert (int(halves[1].replace(",", "")), int(halves[2].replace(",", ""))) == (
+    figures = [int(halves[group].replace(",", "")) for group in (1, 2, 5, 6)]
+    assert figures == [
+        int(np.median(medians[:half])),
+        int(np.median(medians[half:] or medians[-1:])),
         max(lags[:half]),
         max(lags[half:] or lags[-1:]),
-    )
+    ]
     leftover = {topic for topic in asyncio.run(_topics(kafka_bootstrap)) - before if topic.startswith("bench-")}
     assert leftover == set()
 
