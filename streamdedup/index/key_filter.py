@@ -16,7 +16,7 @@ from half its capacity on, each batch that adds keys splits into the larger bitm
 entries are of the way to ``_READY_AT`` of the capacity, and keys added meanwhile go into both (into the larger
 ones where they are split already), so that the batch that outgrows the bitmaps finds the larger ones ready
 rather than pausing to split them all (tens of milliseconds at the largest, and on some hosts several times that
-to touch their fresh memory), and no batch pays more than its share.
+to touch their fresh memory), each batch doing its share.
 
 One more bitmap does the same for the ids of stored entries (over a hash of each id's key, see
 ``store.id_hashes``): most documents of a stream bring an id never seen, and a clear bit spares the read of the
