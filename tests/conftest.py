@@ -258,7 +258,8 @@ def _properties_text(text: str) -> str:
     return "".join(escaped)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -281,7 +282,7 @@ def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredK
     passwords = {mechanism: secrets.token_urlsafe(16) for mechanism in SASL_MECHANISMS}
     # Non-ASCII: aiokafka logs a PLAIN request's bytes at DEBUG, where such a password shows escaped.
     passwords["PLAIN"] += "-grüße"
-    sasl_port, ssl_port = _free_port(), _free_port()
+    sasl_port, ssl_port = free_port(), free_port()
     listeners = (
         "PLAINTEXT://127.0.0.1:@BROKER_PORT@,CONTROLLER://127.0.0.1:@CONTROLLER_PORT@,"
         f"SASL_SSL://127.0.0.1:{sasl_port},SSL://127.0.0.1:{ssl_port}"

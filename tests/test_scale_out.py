@@ -11,6 +11,7 @@ import random
 import shutil
 import signal
 import subprocess
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from aiokafka.structs import ConsumerRecord
+from prometheus_client.parser import text_string_to_metric_families
 
 from streamdedup.decide import Deduplicator, open_index
 from streamdedup.document import Document, DocumentDecoder
@@ -30,7 +32,7 @@ from streamdedup.quality.natural import load_natural
 from streamdedup.service.origins import Origins
 from streamdedup.service.sequencer import prepare_sequence_topic
 from streamdedup.settings import ConfigError, Settings, load_settings
-from tests.conftest import OutRecord, consume_records, process_state, produce_records
+from tests.conftest import OutRecord, consume_records, free_port, process_state, produce_records
 from tests.test_service import Topics, start_service, wait_for, write_config
 
 pytestmark = pytest.mark.integration
@@ -55,6 +57,8 @@ class Deployment:
     workers: int = 0
     # Other dedup settings of every instance.
     dedup: dict[str, Any] = field(default_factory=dict)
+    # The instances that serve /metrics, on these ports (the others serve none).
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def sequence_topic(self) -> str:
@@ -79,7 +83,11 @@ class Deployment:
             },
             "index": {"path": str(self.index_path(name)), "expected_entries": 100_000, "max_age_seconds": None},
             "input": {"id_field": "id"},
-            "metrics": {"enabled": False},
+            "metrics": {
+                "enabled": name in self.metrics_ports,
+                "host": "127.0.0.1",
+                "port": self.metrics_ports.get(name, 0),
+            },
             "dedup": {"workers": self.workers, **self.dedup},
             "logging": {"format": "json"},
         }
@@ -107,6 +115,16 @@ class Deployment:
 
     def stop_all(self) -> dict[str, int]:
         return {name: self.stop(name) for name in list(self.processes)}
+
+    async def gauge(self, name: str, metric: str) -> float:
+        """The value of an unlabelled gauge on an instance's /metrics."""
+        url = f"http://127.0.0.1:{self.metrics_ports[name]}/metrics"
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == metric and not sample.labels:
+                    return float(sample.value)
+        raise AssertionError(f"{metric} is not on {name}'s /metrics")
 
     def decider(self) -> str | None:
         """The instance that logged last that it decides (JSON logs: the newest line wins)."""
@@ -385,6 +403,7 @@ async def test_a_frozen_decider_is_fenced_and_stands_by_when_it_wakes(deployment
 
 
 async def test_a_standby_follows_the_decider_and_takes_over_with_nothing_to_replay(deployment: Deployment) -> None:
+    deployment.metrics_ports = {"a": free_port(), "b": free_port()}
     await started(deployment, ["a", "b"])
     first = clusters(0, 200, copies=1, seed=8)
     await deployment.produce(first)
@@ -392,6 +411,16 @@ async def test_a_standby_follows_the_decider_and_takes_over_with_nothing_to_repl
     decider = deployment.decider()
     assert decider is not None
     standby = "b" if decider == "a" else "a"
+    # The standby keeps its index's gauges (which the alerts read) as the decider does: refreshed every 5 s, before
+    # a batch is stored, so one more document after that long shows every document the first ones kept.
+    kept_first = len((await deployment.results())[0])
+    await asyncio.sleep(6)
+    probe = [OutRecord(json.dumps({"id": "probe", "text": "a text of its own, unlike any other here"}).encode())]
+    await deployment.produce(probe)
+    await deployment.settled(len(first) + 1)
+    assert await deployment.gauge(standby, "streamdedup_standby") == 1
+    assert await deployment.gauge(standby, "streamdedup_index_entries") == kept_first
+    first += probe
     followed = deployment.log(standby).read_text()
     assert "following the decider" in followed and "level with the decider at sequence offset" in followed
     assert "replaying those records" not in followed
