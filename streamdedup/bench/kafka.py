@@ -251,12 +251,12 @@ async def _natural(
             )
             steady_rate = steady_rate or max(100, int(0.8 * mean) // 100 * 100)
             print(f"the same documents as a steady stream of {steady_rate:,} msg/s, into a fresh index", flush=True)
-            lags, drain = await _steady(
+            windows, drain = await _steady(
                 settings, bootstrap, steady_source, steady_sink, values, steady_rate, Path(work) / "steady", window
             )
     finally:
         await _delete_topics(bootstrap, prefix)
-    for number, (consumed, rate, lag, median, deciding, batch) in enumerate(lags, start=1):
+    for number, (consumed, rate, lag, median, deciding, batch) in enumerate(windows, start=1):
         print(
             f"steady window {number:>3}: {rate:>8,.0f} msg/s, {consumed:>9,} consumed, lag median {median:>6,}, "
             f"at most {lag:>7,} records ({lag / steady_rate:.2f} s of input), {deciding:>5.1f} us/doc deciding, "
@@ -264,10 +264,10 @@ async def _natural(
         )
     # By halves: one window's largest lag is one moment's (a merge, another process on the cores); its median is
     # what the stream waits most of the time.
-    half = (len(lags) + 1) // 2
-    halves = lags[:half], lags[half:] or lags[-1:]
-    largest = [max(each[2] for each in part) for part in halves]
-    medians = [int(np.median([each[3] for each in part])) for part in halves]
+    half = (len(windows) + 1) // 2
+    halves = windows[:half], windows[half:] or windows[-1:]
+    largest = [max(each.largest_lag for each in part) for part in halves]
+    medians = [int(np.median([each.median_lag for each in part])) for part in halves]
     print(
         f"lag, first half of the stream / second half: median of the windows' medians {medians[0]:,} / "
         f"{medians[1]:,} records ({medians[0] / steady_rate:.2f} / {medians[1] / steady_rate:.2f} s of input), "
@@ -275,6 +275,18 @@ async def _natural(
         f"the last record consumed {drain:.2f} s after it was produced"
     )
     return 0
+
+
+class _SteadyWindow(NamedTuple):
+    """A window of the steady stream: records consumed by its end, msg/s, the largest and the median lag seen,
+    microseconds the decision process spent per record, and records per batch (one Kafka transaction each)."""
+
+    consumed: int
+    rate: float
+    largest_lag: int
+    median_lag: int
+    deciding: float
+    batch: float
 
 
 async def _steady(
@@ -286,18 +298,17 @@ async def _steady(
     rate: int,
     index: Path,
     window: int,
-) -> tuple[list[tuple[int, float, int, int, float, float]], float]:
+) -> tuple[list[_SteadyWindow], float]:
     """The service over ``values`` produced at ``rate`` msg/s by another process (so that producing does not
-    share the service's event loop): (records consumed, msg/s, the largest and the median lag seen, microseconds
-    the decision process spent per record, records per batch, one Kafka transaction each) at the end of each ``window``
-    records consumed, and the seconds from the last record produced to its consumption. The first record is
-    produced alone, and the stream starts once it is consumed: the group has joined."""
+    share the service's event loop): a :class:`_SteadyWindow` at the end of each ``window`` records consumed, and
+    the seconds from the last record produced to its consumption. The first record is produced alone, and the
+    stream starts once it is consumed: the group has joined."""
     service = DedupService(_service_settings(settings, bootstrap, source, sink, index))
     deciding = f"{METRIC_PREFIX}{Stage.INDEX_LOOKUP.value}_duration_seconds_sum"
     context = multiprocessing.get_context("spawn")
     produced = context.Value("q", 0, lock=False)
     finished = context.Value("d", 0.0, lock=False)
-    windows: list[tuple[int, float, int, int, float, float]] = []
+    windows: list[_SteadyWindow] = []
     with collecting_for_batches():
         async with service, asyncio.timeout(3600):
             await _produce(bootstrap, source, values[:1])
@@ -324,7 +335,7 @@ async def _steady(
                         decided = registry.get_sample_value(deciding) or 0.0
                         records = consumed - mark[1]
                         windows.append(
-                            (
+                            _SteadyWindow(
                                 consumed,
                                 records / (now - mark[0]),
                                 max(lags),
