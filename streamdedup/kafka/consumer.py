@@ -25,7 +25,14 @@ from ..lifecycle import Lifecycle
 from ..settings import KafkaSettings
 from .clients import common_options
 
-__all__ = ["BatchConsumer", "RebalanceHandler", "Unreadable", "committed_reader", "partition_fetch_bytes"]
+__all__ = [
+    "BatchConsumer",
+    "RebalanceHandler",
+    "Unreadable",
+    "committed_reader",
+    "partition_fetch_bytes",
+    "standalone_consumer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,19 @@ def partition_fetch_bytes(max_message_bytes: int) -> int:
     """Bytes a fetch reads of one partition: a record may be as large as the input allows (larger ones are
     dead-lettered, not stuck)."""
     return max(1_048_576, max_message_bytes + 65_536)
+
+
+def standalone_consumer(settings: KafkaSettings, max_message_bytes: int) -> AIOKafkaConsumer:
+    """A consumer outside any group (its partitions are assigned to it, and it commits nothing) that reads
+    committed records, from the earliest on where it has no position, each up to ``max_message_bytes``."""
+    return AIOKafkaConsumer(
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        fetch_max_bytes=settings.fetch_max_bytes,
+        max_partition_fetch_bytes=partition_fetch_bytes(max_message_bytes),
+        **common_options(settings),
+    )
 
 
 @dataclass

@@ -16,8 +16,7 @@ import logging
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from ..kafka.clients import common_options
-from ..kafka.consumer import partition_fetch_bytes
+from ..kafka.consumer import standalone_consumer
 from ..kafka.verdict_records import BatchVerdicts, NotAVerdictRecord
 from ..lifecycle import Lifecycle, StopRequest
 from ..settings import Settings
@@ -61,16 +60,8 @@ class Follower(Lifecycle):
     async def start(self) -> None:
         if self._consumers:
             return
-        kafka = self._settings.kafka
         for tp in (self._sequence, self._verdicts):
-            consumer = AIOKafkaConsumer(
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                isolation_level="read_committed",
-                fetch_max_bytes=kafka.fetch_max_bytes,
-                max_partition_fetch_bytes=partition_fetch_bytes(self._settings.input.max_message_bytes),
-                **common_options(kafka),
-            )
+            consumer = standalone_consumer(self._settings.kafka, self._settings.input.max_message_bytes)
             self._consumers[tp] = consumer
             await consumer.start()
             consumer.assign([tp])
