@@ -77,6 +77,14 @@ def _build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[config_too], help="run the Kafka service until SIGTERM/SIGINT")
     run.set_defaults(handler=_run)
 
+    replay = commands.add_parser(
+        "replay",
+        parents=[config_too],
+        help="scaled out: decide the sequence topic again in the decider's calls and compare with what it stored",
+    )
+    replay.add_argument("--work-dir", type=Path, default=None, help="index folder (default: a new folder under var/)")
+    replay.set_defaults(handler=_replay, quiet="libraries")
+
     demo = commands.add_parser(
         "demo",
         parents=[config_too, _log_level_option("the service's lines and warnings")],
@@ -164,6 +172,23 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     except InstanceFenced:
         return EXIT_FENCED  # the service logged why; a traceback would add nothing
     return 0
+
+
+def _replay(args: argparse.Namespace, settings: Settings) -> int:
+    """Exit status 1 when the replay stores other documents than the decider did."""
+    import asyncio
+
+    from .replay import replay
+
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="replay-", dir=_ensure_dir(Path("var"))))
+    print(f"index: {work_dir}", file=sys.stderr)
+    try:
+        report = asyncio.run(replay(settings, work_dir))
+    except ConfigError as exc:
+        print(f"streamdedup: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict(), ensure_ascii=False, indent=2))
+    return 1 if report.differ else 0
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
