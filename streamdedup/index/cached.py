@@ -289,14 +289,26 @@ class Cached:
         return self.key_filter
 
     def fill_key_filter(self, txn: Any, key_filter: KeyFilter) -> None:
-        """Set the bits of every stored entry's keys and id."""
+        """Set the bits of every stored entry's id and keys. On an entry-valued index, of every key the tables
+        hold rows of instead: a removed entry's rows stay until its table's sweep, and count where a key's rows
+        are counted (``dedup.key_capacity``, the candidates a lookup ranks), so a filter without their keys would
+        have lookups find other rows than one kept since those rows were added."""
         fmt = self.store.fmt
+        tables = len(self.store.tables)
         with txn.cursor(self.store.entries) as cursor:
             records = cursor.iternext(keys=False, values=True)
             while chunk := list(islice(records, _FILTER_BUILD_ROWS)):
                 head, ids = fmt.records.decode(chunk)
-                keys, _, _ = table_rows(fmt.plan, head["fp"].reshape(len(head), fmt.words).astype(np.uint64))
+                if fmt.entry_valued:
+                    keys = np.zeros((tables, 0), dtype=np.uint64)
+                else:
+                    keys, _, _ = table_rows(fmt.plan, head["fp"].reshape(len(head), fmt.words).astype(np.uint64))
                 key_filter.add(keys, id_hashes(keys_of_ids(ids.encoded())))
+        if fmt.entry_valued:
+            staged = self.staged(txn)
+            for table in range(tables):
+                key_filter.add_table(table, self.store.entry_table(table).rows(txn)[0])
+                key_filter.add_table(table, staged[table].keys)
 
     def save_key_filter(self) -> None:
         """Save a trusted key filter for the next writer to open this index, so it need not rebuild it."""

@@ -235,6 +235,13 @@ class KeyFilter:
             same_ids = larger.id_slot_bits == self.id_slot_bits
             larger._add(keys, id_hashes, 2 * table_bytes, id_bytes if same_ids else 2 * id_bytes)
 
+    def add_table(self, table: int, keys: np.ndarray) -> None:
+        """Mark ``keys`` of one table as present, in a filter being filled (no doubling is prepared yet)."""
+        row = self._bitmaps[table : table + 1]
+        keys = np.asarray(keys, dtype=np.uint64).reshape(1, -1)
+        for start in range(0, keys.shape[1], _ADD_BLOCK):
+            _set_bits(row, self._slots(keys[:, start : start + _ADD_BLOCK]), row.size)
+
     def _add(self, keys: np.ndarray, id_hashes: np.ndarray, table_bytes: int, id_bytes: int) -> None:
         """Set the bits of the keys that fall within the first ``table_bytes`` bytes of the tables' bitmaps (end
         to end), and those of the ids within the first ``id_bytes`` bytes of the ids' bitmap."""

@@ -12,12 +12,17 @@ from unittest import mock
 import numpy as np
 import pytest
 
+from streamdedup.decide import Deduplicator, open_index
+from streamdedup.document import Document
 from streamdedup.index import IndexStorageError, SegmentIndex
 from streamdedup.index import key_filter as key_filter_module
 from streamdedup.index.cached import KEY_FILTER_FILE
 from streamdedup.index.key_filter import BITS_PER_ID, BITS_PER_KEY, MIN_CAPACITY, KeyFilter
 from streamdedup.index.plan import make_segment_plan
 from streamdedup.index.store import id_hashes, keys_of_ids
+from streamdedup.quality.natural import load_natural
+from streamdedup.settings import load_settings
+from streamdedup.signature import Signatures
 from tests.index.test_segment import ROOT, _brute, _clustered, _flip, _random
 
 
@@ -457,3 +462,40 @@ def test_a_filter_doubles_its_tables_past_the_ids_cap_and_keeps_every_id(monkeyp
     assert doubled.may_hold_ids(added_ids).all() and doubled.may_hold_ids(more_ids).all()
     # The one it was doubled from is not changed by it.
     assert key_filter.may_hold_ids(more_ids).mean() < 0.01
+
+
+def test_a_rebuilt_filter_passes_the_keys_of_removed_entries_rows_that_lookups_count(tmp_path: Path) -> None:
+    """A table keeps a removed entry's rows until its sweep, and lookups count them (``dedup.key_capacity``, the
+    candidates they rank): a filter rebuilt when the saved one is lost (a crash) passes their keys too, so
+    lookups find what they found through the filter kept since the rows were added, and without a filter."""
+    settings = load_settings(None)
+    settings = settings.model_copy(update={"index": settings.index.model_copy(update={"max_entries": 1000})})
+    shipped, _ = load_natural()
+    documents = [Document(doc.id, doc.text, float(row), ("t", 0, row)) for row, doc in enumerate(shipped[:4000])]
+    later = [doc.text for doc in shipped[4000:5000]]
+
+    def found(index: SegmentIndex, keys: Signatures) -> tuple[list[int], ...]:
+        assert keys.keys is not None
+        candidates = index.candidates(keys.fingerprints, keys=keys.keys, max_candidates=settings.dedup.max_candidates)
+        assert candidates.held is not None
+        return (
+            candidates.rows.tolist(),
+            candidates.entries.tolist(),
+            candidates.shared.tolist(),
+            candidates.held.counts.ravel().tolist(),
+        )
+
+    path = tmp_path / "index"
+    with open_index(settings, path) as index:
+        dedup = Deduplicator(settings, index)
+        for start in range(0, len(documents), 500):
+            dedup.decide(documents[start : start + 500], source_offsets={("t", 0): start + 500})
+        assert index.stats()["unswept_removals"] > 0
+        keys = dedup.signer.keyed(dedup.signer.sign(later), estimate=False)
+        kept_running = found(index, keys)
+    (path / KEY_FILTER_FILE).unlink()
+    with open_index(settings, path) as index:
+        assert found(index, keys) == kept_running
+        assert index._cached.key_filter is not None and index._cached.key_filter.covers == len(documents) // 500
+    with SegmentIndex(path, None, None, payload_bytes=None, readonly=True, key_capacity=32) as reader:
+        assert found(reader, keys) == kept_running
