@@ -56,17 +56,21 @@ _BATCH_ERRORS: tuple[type[BaseException], ...] = (*STORAGE_ERRORS, MemoryError)
 class BatchTimings:
     """Seconds spent per stage of the last batch, for whoever measures (the service's metrics, benchmarks);
     ``batches``: how many batches were decided together with it (its share of their time is what it shows), and
-    ``leads`` whether it was the first of them (one call of the decision core began with it)."""
+    ``leads`` and ``closes`` whether it was the first and the last of them (one call of the decision core began and
+    ended with it)."""
 
     fingerprint: float = 0.0
     lookup: float = 0.0
     store: float = 0.0
     batches: int = 1
     leads: bool = True
+    closes: bool = True
 
-    def share(self, fraction: float, batches: int, *, leads: bool) -> BatchTimings:
+    def share(self, fraction: float, batches: int, *, leads: bool, closes: bool) -> BatchTimings:
         """One batch's part of the timings of ``batches`` decided together: ``fraction`` of each stage."""
-        return BatchTimings(self.fingerprint * fraction, self.lookup * fraction, self.store * fraction, batches, leads)
+        return BatchTimings(
+            self.fingerprint * fraction, self.lookup * fraction, self.store * fraction, batches, leads, closes
+        )
 
 
 @dataclass(frozen=True)
@@ -330,11 +334,14 @@ class Deduplicator:
         *,
         signatures: Signatures | None = None,
         source_offsets: Mapping[tuple[str, int], int] | None = None,
+        part_offsets: Sequence[tuple[int, Mapping[tuple[str, int], int]]] | None = None,
     ) -> None:
         """Store ``docs`` as kept, deciding nothing, and ``source_offsets``, in one LMDB transaction, as
-        :meth:`decide` stores the documents it keeps: an index given the batches another decision core kept, in
-        its batches, ends as that core's index did, whatever bounds bound its decisions. ``signatures`` as for
-        :meth:`decide`."""
+        :meth:`decide` stores the documents it keeps: an index given the documents another decision core kept, in
+        its calls, ends as that core's index did, whatever bounds bound its decisions. ``signatures`` as for
+        :meth:`decide`; ``part_offsets``, in place of ``source_offsets``: ``docs`` are the kept documents of
+        consecutive batches decided in one call, given as (end, the source offsets after it), stored as that call
+        stored them."""
         if signatures is None:
             signatures = self.signer.sign([doc.text for doc in docs])
         elif len(signatures) != len(docs):
@@ -349,6 +356,7 @@ class Deduplicator:
             payloads=_payloads(signatures.sketches),
             origins=origins,
             source_offsets=source_offsets,
+            parts=part_offsets,
         )
 
     def _unjudged(

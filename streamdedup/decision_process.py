@@ -83,7 +83,7 @@ class _DecisionCore:
         return [
             (
                 part if signed is None else _unsigned(part),
-                timings.share(len(part) / max(len(docs), 1), share, leads=at == 0),
+                timings.share(len(part) / max(len(docs), 1), share, leads=at == 0, closes=at == share - 1),
             )
             for at, (part, (_, _, signed)) in enumerate(zip(parts, batches, strict=True))
         ]
@@ -98,10 +98,13 @@ class _DecisionCore:
         return _unsigned(verdicts) if signatures is not None else verdicts, self.dedup.last_timings
 
     def store(
-        self, rows: list[_DocumentRow], source_offsets: Mapping[tuple[str, int], int], signatures: Signatures | None
+        self,
+        rows: list[_DocumentRow],
+        part_offsets: list[tuple[int, Mapping[tuple[str, int], int]]],
+        signatures: Signatures | None,
     ) -> None:
-        """Documents another decision core kept, stored as it stored them (``Deduplicator.store``)."""
-        self.dedup.store([Document(*row) for row in rows], signatures=signatures, source_offsets=source_offsets)
+        """Documents another decision core kept in one call, stored as it stored them (``Deduplicator.store``)."""
+        self.dedup.store([Document(*row) for row in rows], signatures=signatures, part_offsets=part_offsets)
 
     def source_offsets(self) -> dict[tuple[str, int], int]:
         return self.index.source_offsets()
@@ -215,13 +218,15 @@ class DecisionProcess(Lifecycle):
         self,
         docs: Sequence[Document],
         *,
-        source_offsets: Mapping[tuple[str, int], int],
+        part_offsets: Sequence[tuple[int, Mapping[tuple[str, int], int]]],
         signatures: Signatures | None,
     ) -> None:
-        """Store ``docs`` as kept, deciding nothing (``Deduplicator.store``), behind the calls already queued."""
+        """Store ``docs`` as kept, deciding nothing (``Deduplicator.store``: the kept documents of consecutive
+        batches, given as (end, the source offsets after it), that one call decided), behind the calls already
+        queued."""
         signed = signatures is not None
         rows = [(doc.id, "" if signed else doc.text, doc.time, doc.origin) for doc in docs]
-        await self._call("store", rows, dict(source_offsets), signatures)
+        await self._call("store", rows, [(end, dict(offsets)) for end, offsets in part_offsets], signatures)
 
     async def source_offsets(self) -> dict[tuple[str, int], int]:
         offsets: dict[tuple[str, int], int] = await self._call("source_offsets")

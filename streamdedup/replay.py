@@ -133,7 +133,7 @@ class _Calls:
             signed.append(carried.signatures(rows, self._signing))
             parts.append((len(documents), {(self._topic, 0): self._origins.index_offset(batch.end)}))
             batches.append((batch, [item.id for item in decoded], rows))
-        joined = None if None in signed else Signatures.joined(cast(list[Signatures], signed))
+        joined = None if any(each is None for each in signed) else Signatures.joined(cast(list[Signatures], signed))
         stored = self._dedup.decide(documents, signatures=joined, part_offsets=parts).stored
         report.calls += 1
         at = 0
@@ -157,8 +157,9 @@ _UNCOVERED = np.zeros(0, dtype=bool)
 
 
 def _calls(recorded: list[BatchVerdicts], start: int) -> Iterator[list[BatchVerdicts]]:
-    """The decider's calls, from sequence offset ``start`` on: each a batch that led one and the batches after it
-    up to the next that led one; a run of sequence records no verdict record covers is a call of its own."""
+    """The decider's calls, from sequence offset ``start`` on: each from a batch that began one to the batch that
+    ended it, or to before the next that began one (its decider died mid-call); a run of sequence records no
+    verdict record covers is a call of its own."""
     call: list[BatchVerdicts] = []
     held = start
     for batch in recorded:
@@ -168,11 +169,11 @@ def _calls(recorded: list[BatchVerdicts], start: int) -> Iterator[list[BatchVerd
             if call:
                 yield call
             call = []
-            yield [BatchVerdicts(held, batch.first, True, _UNCOVERED)]
+            yield [BatchVerdicts(held, batch.first, True, True, _UNCOVERED)]
         elif batch.first < held:
             # The replay's index holds the batch's first records already: only the rest is new, and not compared.
-            batch = BatchVerdicts(held, batch.end, batch.leads, _UNCOVERED)
-        if batch.leads and call:
+            batch = BatchVerdicts(held, batch.end, batch.leads, batch.closes, _UNCOVERED)
+        if call and (batch.leads or call[-1].closes):
             yield call
             call = []
         call.append(batch)

@@ -151,6 +151,38 @@ def test_an_index_given_the_kept_documents_ends_as_the_deciding_cores_whatever_t
         assert 0 < sum(not v.novel for v in on_decided) < len(later)
 
 
+def test_an_index_given_a_cores_calls_ends_as_its_index_where_removed_entries_leave_rows(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # A table keeps an evicted entry's rows until its sweep, at a merge turn, which comes once a transaction:
+    # stored in the calls that decided them (a part per batch), batches decided several to a call leave the
+    # tables as the deciding core's, and the index decides on alike.
+    evicting = settings.model_copy(update={"index": settings.index.model_copy(update={"max_entries": 2000})})
+    shipped, _ = load_natural()
+    documents = [Document(doc.id, doc.text, float(row), ("seq", 0, row)) for row, doc in enumerate(shipped[:13_000])]
+    batches, later = cut(documents[:12_000], 40, seed=5), documents[12_000:]
+    with open_index(evicting, tmp_path / "decided") as decided, open_index(evicting, tmp_path / "stored") as stored:
+        deciding, storing = Deduplicator(evicting, decided), Deduplicator(evicting, stored)
+        for first in range(0, len(batches), 3):
+            call = batches[first : first + 3]
+            docs = [doc for batch in call for doc in batch]
+            ends = np.cumsum([len(batch) for batch in call]).tolist()
+            offsets = [{("seq", 0): batch[-1].origin[2] + 1} for batch in call]
+            keep = np.flatnonzero(deciding.decide(docs, part_offsets=list(zip(ends, offsets, strict=True))).stored)
+            storing.store(
+                [docs[row] for row in keep.tolist()],
+                signatures=storing.signer.sign([docs[row].text for row in keep.tolist()]),
+                part_offsets=list(zip(np.searchsorted(keep, ends).tolist(), offsets, strict=True)),
+            )
+        assert decided.stats()["unswept_removals"] > 0
+        same = ("entries", "clock", "staged_rows", "unswept_removals")
+        assert {key: stored.stats()[key] for key in same} == {key: decided.stats()[key] for key in same}
+        assert list(stored.export()) == list(decided.export())
+        on_decided, on_stored = deciding.decide(later), storing.decide(later)
+        assert [tuple(v)[:2] + tuple(v)[3:] for v in on_stored] == [tuple(v)[:2] + tuple(v)[3:] for v in on_decided]
+        assert 0 < sum(not v.novel for v in on_decided) < len(later)
+
+
 def test_replayed_document_is_not_its_own_duplicate(settings: Settings, tmp_path: Path) -> None:
     batch = [Document("t-0-5", BASE, 0.0, ("t", 0, 5))]
     with open_index(settings, tmp_path / "idx") as index:

@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from streamdedup.decide import Deduplicator, open_index
@@ -75,11 +76,13 @@ async def test_same_verdicts_offsets_rollback_and_stats_as_in_process(
             got += [(v.novel, v.reason, v.match_id, v.distance, v.jaccard, v.fingerprint.tolist()) for v in verdicts]
             assert timings.lookup >= 0 and timings.store > 0
             together.append(timings.batches)
-            # Each call's first batch leads it, and the call decided as many batches as each of them says.
-            groups = [*groups, [timings.batches]] if timings.leads else [*groups[:-1], [*groups[-1], timings.batches]]
+            # Each call's first batch leads it, its last closes it, and the call decided as many batches as each of
+            # them says.
+            part = (timings.batches, timings.closes)
+            groups = [*groups, [part]] if timings.leads else [*groups[:-1], [*groups[-1], part]]
         assert got == expected
         assert max(together) > 1 if workers else together == [1, 1, 1]
-        assert all(group == [len(group)] * len(group) for group in groups)
+        assert all(group == [(len(group), False)] * (len(group) - 1) + [(len(group), True)] for group in groups)
         assert await process.source_offsets() == {("in", 0): 3000}
         # Rolling back to offset 2000 removes exactly what the last batch kept.
         assert await process.rollback({("in", 0): 2000}) == sum(novel for novel, *_ in expected[2000:])
@@ -98,23 +101,38 @@ async def test_documents_stored_as_kept_there_make_the_index_of_the_core_that_ke
     tmp_path: Path, workers: int, signed: bool
 ) -> None:
     settings = configured(tmp_path, "decided", workers)
-    kept = []
+    # The first two batches decided in one call, the third in another.
+    calls = [batches()[:2], batches()[2:]]
+    kept: list[tuple[list[Document], list[tuple[int, dict[tuple[str, int], int]]]]] = []
     with open_index(settings, tmp_path / "decided") as index:
         dedup = Deduplicator(settings, index)
-        for n, batch in enumerate(batches()):
-            stored = dedup.decide(batch, source_offsets={("in", 0): 1000 * (n + 1)}).stored
-            kept.append([doc for doc, keep in zip(batch, stored.tolist(), strict=True) if keep])
+        decided = 0
+        for call in calls:
+            ends = [sum(map(len, call[: at + 1])) for at in range(len(call))]
+            part_offsets = [(end, {("in", 0): 1000 * (decided + at + 1)}) for at, end in enumerate(ends)]
+            decided += len(call)
+            docs = [doc for batch in call for doc in batch]
+            stored = dedup.decide(docs, part_offsets=part_offsets).stored
+            kept_ends = [int(np.count_nonzero(stored[:end])) for end in ends]
+            kept.append(
+                (
+                    [doc for doc, keep in zip(docs, stored.tolist(), strict=True) if keep],
+                    [(end, offsets) for end, (_, offsets) in zip(kept_ends, part_offsets, strict=True)],
+                )
+            )
         expected = list(index.export())
+        expected_stats = {key: index.stats()[key] for key in ("entries", "staged_rows", "clock")}
     assert 0 < len(expected) < 3000
     process = DecisionProcess(configured(tmp_path, "stored", workers))
     async with process:
         signer = Signer(settings.fingerprint, settings.dedup, process.plan)
-        for n, docs in enumerate(kept):
+        for docs, parts in kept:
             signatures = signer.sign([doc.text for doc in docs]) if signed else None
-            await process.store(docs, source_offsets={("in", 0): 1000 * (n + 1)}, signatures=signatures)
+            await process.store(docs, part_offsets=parts, signatures=signatures)
         assert await process.source_offsets() == {("in", 0): 3000}
     with open_index(settings, tmp_path / "stored") as index:
         assert list(index.export()) == expected
+        assert {key: index.stats()[key] for key in expected_stats} == expected_stats
 
 
 async def test_an_index_that_cannot_open_fails_start_with_its_own_error(tmp_path: Path) -> None:

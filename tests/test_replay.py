@@ -42,8 +42,8 @@ async def replayed(deployment: Deployment, name: str, **dedup: Any) -> tuple[int
     return done.returncode, json.loads(done.stdout)
 
 
-def batch(first: int, end: int, leads: bool) -> BatchVerdicts:
-    return BatchVerdicts(first, end, leads, np.ones(end - first, dtype=bool))
+def batch(first: int, end: int, leads: bool, closes: bool) -> BatchVerdicts:
+    return BatchVerdicts(first, end, leads, closes, np.ones(end - first, dtype=bool))
 
 
 def spans(calls: list[list[BatchVerdicts]]) -> list[list[tuple[int, int, bool]]]:
@@ -52,16 +52,30 @@ def spans(calls: list[list[BatchVerdicts]]) -> list[list[tuple[int, int, bool]]]
 
 
 def test_calls_are_the_deciders_and_what_no_verdict_record_covers_is_a_call_of_its_own() -> None:
-    recorded = [batch(0, 2, True), batch(2, 3, False), batch(3, 5, True), batch(7, 8, False), batch(8, 9, True)]
+    recorded = [
+        batch(0, 2, True, False),
+        batch(2, 3, False, True),
+        batch(3, 5, True, True),
+        batch(7, 8, False, True),  # a call whose first batch's verdict record is gone
+        batch(8, 9, True, False),  # its decider died here: the next batch begins another call
+        batch(9, 11, True, True),
+    ]
     assert spans(list(_calls(recorded, 0))) == [
         [(0, 2, True), (2, 3, True)],
         [(3, 5, True)],
         [(5, 7, False)],
         [(7, 8, True)],
         [(8, 9, True)],
+        [(9, 11, True)],
     ]
     # From where the sequence topic begins: what is gone is skipped, a batch cut there is decided, not compared.
-    assert spans(list(_calls(recorded, 4))) == [[(4, 5, False)], [(5, 7, False)], [(7, 8, True)], [(8, 9, True)]]
+    assert spans(list(_calls(recorded, 4))) == [
+        [(4, 5, False)],
+        [(5, 7, False)],
+        [(7, 8, True)],
+        [(8, 9, True)],
+        [(9, 11, True)],
+    ]
 
 
 def test_a_replay_needs_a_scaled_out_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -180,7 +180,8 @@ class Deployment:
         verdicts = await consume_records(self.bootstrap, verdicts_topic(self.sequence_topic))
         calls: list[list[BatchVerdicts]] = []
         for batch in (BatchVerdicts.unpacked(record.value) for record in verdicts):
-            calls = [*calls, [batch]] if batch.leads or not calls else [*calls[:-1], [*calls[-1], batch]]
+            begins = not calls or batch.leads or calls[-1][-1].closes
+            calls = [*calls, [batch]] if begins else [*calls[:-1], [*calls[-1], batch]]
         return await asyncio.to_thread(_single_core_in_calls, settings, await self._sequenced(), calls)
 
     def indexed(self, name: str) -> list[str]:

@@ -71,12 +71,13 @@ class Prepared:
 
 
 class Decision(NamedTuple):
-    """A batch's verdicts, and whether the call of the decision core that decided it began with it: a decision
-    process that falls behind decides the batches queued there together, in one call, and a replay that decides
-    the same groups gives the same verdicts."""
+    """A batch's verdicts, and whether the call of the decision core that decided it began and ended with it: a
+    decision process that falls behind decides the batches queued there together, in one call, and a replay that
+    decides the same groups gives the same verdicts."""
 
     verdicts: Verdicts
     leads: bool = True
+    closes: bool = True
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class BatchOutput:
         stored = np.zeros(len(prepared.records), dtype=bool)
         stored[prepared.rows] = decision.verdicts.stored
         (end,) = prepared.next_offsets.values()
-        verdicts = BatchVerdicts(prepared.fetched[0].offset, end, decision.leads, stored)
+        verdicts = BatchVerdicts(prepared.fetched[0].offset, end, decision.leads, decision.closes, stored)
         return OutgoingRecord(topic, verdicts.packed(), None, ())
 
     def _fitted(

@@ -201,44 +201,62 @@ class BatchPipeline:
         """Decide ``records`` into the index, publishing nothing: reconciliation replays what the index lacks."""
         await self._verdicts(self._prepare(records))
 
-    async def store(self, verdicts: BatchVerdicts, fetched: Sequence[ConsumerRecord], after: int) -> None:
-        """Store in the index what the decider's stored of ``fetched`` (the sequence records of its batch
-        ``verdicts``) from sequence offset ``after`` on, deciding nothing and publishing nothing. Records that do
-        not match the verdicts (an instance configured otherwise, a damaged record) are decided instead, loudly."""
+    async def store(self, call: Sequence[BatchVerdicts], fetched: Sequence[ConsumerRecord], after: int) -> None:
+        """Store in the index what one of the decider's calls stored of ``fetched`` (the sequence records of the
+        call's batches, whose verdict records ``call`` holds) from sequence offset ``after`` on, as that call
+        stored it: in one transaction, a part per batch. Nothing is decided or published, but a batch whose
+        records do not match its verdicts (an instance configured otherwise, a damaged record): it is decided
+        instead, loudly, and the batches around it are stored apart."""
         await self._maintain_index()
-        prepared = self._prepare(fetched)
-        where = f"sequence offsets {verdicts.first}..{verdicts.end - 1}"
-        if len(verdicts.stored) != len(prepared.records):
-            log.error(
-                "the decider's verdicts of %s name %d input records, the sequence topic holds %d there; deciding "
-                "them instead",
-                where,
-                len(verdicts.stored),
-                len(prepared.records),
-            )
-            await self._verdicts(prepared)
-            return
-        signatures = await self._signers.signatures(prepared.signing)
-        indexable = np.ones(len(prepared.rows), dtype=bool) if signatures is None else signatures.indexable
-        lost = np.count_nonzero(verdicts.stored) - np.count_nonzero(verdicts.stored[prepared.rows] & indexable)
-        if lost:
-            log.error(
-                "the decider stored %d documents of %s that this instance cannot decode or sign alike (is every "
-                "instance configured alike?); this index lacks them",
-                lost,
-                where,
-            )
-        due = verdicts.stored
-        if after > verdicts.first:
-            # The index holds the batch's first sequence records already (it was cut there): not again.
-            offsets = np.fromiter((origin[2] for origin in prepared.origins), np.int64, len(prepared.origins))
-            due = due & (offsets >= self.origins.index_offset(after))
-        keep = np.flatnonzero(due[prepared.rows] & indexable).tolist()
-        await self._decisions.store(
-            [prepared.documents[row] for row in keep],
-            source_offsets=self._index_offsets(prepared.next_offsets),
-            signatures=None if signatures is None else signatures.subset(keep),
-        )
+        documents: list[Document] = []
+        signed: list[Signatures | None] = []
+        parts: list[tuple[int, dict[tuple[str, int], int]]] = []
+        for verdicts in call:
+            prepared = self._prepare([record for record in fetched if verdicts.first <= record.offset < verdicts.end])
+            where = f"sequence offsets {verdicts.first}..{verdicts.end - 1}"
+            if len(verdicts.stored) != len(prepared.records):
+                log.error(
+                    "the decider's verdicts of %s name %d input records, the sequence topic holds %d there; "
+                    "deciding them instead",
+                    where,
+                    len(verdicts.stored),
+                    len(prepared.records),
+                )
+                await self._stored(documents, signed, parts)
+                documents, signed, parts = [], [], []
+                await self._verdicts(prepared)
+                continue
+            signatures = await self._signers.signatures(prepared.signing)
+            indexable = np.ones(len(prepared.rows), dtype=bool) if signatures is None else signatures.indexable
+            lost = np.count_nonzero(verdicts.stored) - np.count_nonzero(verdicts.stored[prepared.rows] & indexable)
+            if lost:
+                log.error(
+                    "the decider stored %d documents of %s that this instance cannot decode or sign alike (is "
+                    "every instance configured alike?); this index lacks them",
+                    lost,
+                    where,
+                )
+            due = verdicts.stored
+            if after > verdicts.first:
+                # The index holds the batch's first sequence records already (it was cut there): not again.
+                offsets = np.fromiter((origin[2] for origin in prepared.origins), np.int64, len(prepared.origins))
+                due = due & (offsets >= self.origins.index_offset(after))
+            keep = np.flatnonzero(due[prepared.rows] & indexable).tolist()
+            documents += [prepared.documents[row] for row in keep]
+            signed.append(None if signatures is None else signatures.subset(keep))
+            parts.append((len(documents), self._index_offsets(prepared.next_offsets)))
+        await self._stored(documents, signed, parts)
+
+    async def _stored(
+        self,
+        documents: list[Document],
+        signed: list[Signatures | None],
+        parts: list[tuple[int, dict[tuple[str, int], int]]],
+    ) -> None:
+        """Store the kept documents of consecutive batches (``parts``) in one transaction."""
+        if parts:
+            joined = None if any(each is None for each in signed) else Signatures.joined(cast(list[Signatures], signed))
+            await self._decisions.store(documents, part_offsets=parts, signatures=joined)
 
     async def in_flight_ended(self) -> None:
         """Wait for the Kafka transaction in flight, if any; its failure is left in it for ``run`` to raise."""
@@ -469,7 +487,7 @@ class BatchPipeline:
         self._metrics.observe(Stage.FINGERPRINT, signing_seconds + timings.fingerprint)
         # The index stage covers the lookup and the batch's LMDB write transaction.
         self._metrics.observe(Stage.INDEX_LOOKUP, timings.lookup + timings.store)
-        return Decision(verdicts, timings.leads)
+        return Decision(verdicts, timings.leads, timings.closes)
 
     async def _publish(self, decided: Decided, consumer: BatchConsumer, producer: TransactionalProducer) -> None:
         """One Kafka transaction: the batch's records and its input offsets."""

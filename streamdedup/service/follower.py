@@ -3,16 +3,19 @@
 The warm standby, and a decider whose index is behind the decider group's committed offset (it was lost, or
 another instance decided meanwhile), read the verdicts topic (:mod:`..kafka.verdict_records`) and, for each of
 the decider's batches, the sequence records the batch was; they store the documents the decider's index stored,
-in the same batches (``BatchPipeline.store``), and decide nothing. The index then holds exactly what the
-decider's held, even where a candidate bound made the decider's verdicts depend on how its batches were cut, and
-following costs a fraction of deciding. Sequence records that no verdict record covers (decided by a version that
-published none, or whose verdict record is damaged) are decided again instead.
+each of its calls in one transaction with a part per batch as that call stored them (``BatchPipeline.store``),
+and decide nothing. The index then holds exactly what the decider's held, down to the rows its tables keep of
+removed entries until their sweeps, even where a candidate bound made the decider's verdicts depend on how its
+batches were cut, and following costs a fraction of deciding. Sequence records that no verdict record covers
+(decided by a version that published none, or whose verdict record is damaged) are decided again instead.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
+import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
@@ -22,7 +25,7 @@ from ..lifecycle import Lifecycle, StopRequest
 from ..settings import Settings
 from .batch_pipeline import BatchPipeline
 
-__all__ = ["Follower"]
+__all__ = ["Follower", "first_call", "unbroken"]
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +75,12 @@ class Follower(Lifecycle):
             await consumer.stop()
 
     async def level(self, held: int, until: int) -> int:
-        """Store the next of the decider's batches after sequence offset ``held`` (the index holds what comes
-        before it) and below ``until`` (the decider's committed offset), or decide what no verdict record
-        covers there; the offset the index holds up to after that, ``held`` when there was nothing to do yet."""
+        """Store the next of the decider's calls after sequence offset ``held`` (the index holds what comes before
+        it) and below ``until`` (the decider's committed offset), or decide what no verdict record covers there; the
+        offset the index holds up to after that, ``held`` when there was nothing to do yet. A call is stored whole,
+        as the decider's index stored it, once its last batch's verdict record is readable (the decider commits a
+        call's batches one after the other); an instance that decides, having fenced every earlier decider, takes
+        what the last of them committed of its last call as the whole call."""
         verdicts = await self._next_verdicts(held)
         if verdicts is None or verdicts.first >= until:
             if not self._decide_uncovered:
@@ -82,12 +88,16 @@ class Follower(Lifecycle):
             return until if await self._decided(held, until) else held
         if verdicts.first > held and not await self._decided(held, verdicts.first):
             return held
-        fetched = await self._sequence_records(verdicts.first, verdicts.end)
+        call = await self._call()
+        if call is None:
+            return held
+        fetched = await self._sequence_records(call[0].first, call[-1].end)
         if self._stop.is_set():
             return held
-        await self._pipeline.store(verdicts, fetched, held)
-        self._pending.pop(0)
-        return verdicts.end
+        call = unbroken(call, [record.offset for record in fetched])
+        await self._pipeline.store(call, [record for record in fetched if record.offset < call[-1].end], held)
+        del self._pending[: len(call)]
+        return call[-1].end
 
     async def _decided(self, start: int, end: int) -> bool:
         """Decide the sequence records from ``start`` up to ``end`` that no verdict record covers; False on a stop
@@ -104,25 +114,43 @@ class Follower(Lifecycle):
         """The first readable verdict record of a batch that ends after ``held``."""
         if not self._placed:
             await self._place(held)
-        consumer = self._consumers[self._verdicts]
         while True:
             while self._pending and self._pending[0].end <= held:
                 self._pending.pop(0)
             if self._pending:
                 return self._pending[0]
+            if not await self._read_verdicts():
+                return None
+
+    async def _call(self) -> list[BatchVerdicts] | None:
+        """The verdict records of the decider's call that the first pending one is of (:func:`first_call`), None
+        while the rest of it may still come."""
+        while (call := first_call(self._pending, complete=False)) is None:
+            if not await self._read_verdicts():
+                # A deciding instance fenced the call's decider: what that one committed of it is all there is.
+                return first_call(self._pending, complete=self._decide_uncovered)
+        return call
+
+    async def _read_verdicts(self) -> bool:
+        """Read the next verdict records into the pending ones; False when none is readable yet."""
+        consumer = self._consumers[self._verdicts]
+        while True:
             fetched = await consumer.getmany(self._verdicts, timeout_ms=self._settings.kafka.batch_timeout_ms)
             records = fetched.get(self._verdicts, [])
             if not records:
                 # An empty fetch may only be a slow one: none is readable once the position is at the end.
                 end = (await consumer.end_offsets([self._verdicts]))[self._verdicts]
                 if await consumer.position(self._verdicts) >= end:
-                    return None
+                    return False
                 continue
+            pending = len(self._pending)
             for record in records:
                 try:
                     self._pending.append(BatchVerdicts.unpacked(record.value))
                 except NotAVerdictRecord as exc:
                     log.error("skipping the record at %s offset %d: %s", self._verdicts, record.offset, exc)
+            if len(self._pending) > pending:
+                return True
 
     async def _place(self, held: int) -> None:
         """Seek the verdicts consumer to the first record of a batch ending after ``held``, or a little before:
@@ -169,6 +197,29 @@ class Follower(Lifecycle):
         self._ahead = [record for record in self._ahead if record.offset >= end]
         self._ahead_from = max(self._ahead_from, min(end, position))
         return records
+
+
+def first_call(pending: Sequence[BatchVerdicts], *, complete: bool) -> list[BatchVerdicts] | None:
+    """Of these verdict records in order, those of the decider's call that the first is of: from it to the one
+    that ends the call, or to before one that begins another (the call's decider died mid-call, and another went
+    on). None when no record ends the call yet, unless ``complete``."""
+    call = [pending[0]]
+    for following in pending[1:]:
+        if call[-1].closes or following.leads:
+            return call
+        call.append(following)
+    return call if call[-1].closes or complete else None
+
+
+def unbroken(call: list[BatchVerdicts], offsets: Sequence[int]) -> list[BatchVerdicts]:
+    """The call's batches up to before the first that follows sequence records (at ``offsets``, ascending) that
+    no batch of the call covers: a verdict record between them was unreadable, and they are decided apart."""
+    at = np.asarray(offsets, dtype=np.int64)
+    for count in range(1, len(call)):
+        low, high = np.searchsorted(at, [call[count - 1].end, call[count].first])
+        if high > low:
+            return call[:count]
+    return call
 
 
 def _ends_after(record: ConsumerRecord, held: int) -> bool:
