@@ -13,6 +13,7 @@ call per run of them, and counted apart: nothing records how they were decided, 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +29,15 @@ from .kafka.admin import admin_client
 from .kafka.clients import common_options
 from .kafka.consumer import standalone_consumer
 from .kafka.records import decoded_records, topic_record_limits
-from .kafka.verdict_records import BatchVerdicts
+from .kafka.verdict_records import BatchVerdicts, NotAVerdictRecord
 from .service.batch import BatchOutput
 from .service.origins import Origins
 from .settings import ConfigError, Settings
 from .signature import Signatures, signing_id
 
 __all__ = ["ReplayReport", "replay"]
+
+log = logging.getLogger(__name__)
 
 SHOWN = 20
 """Ids of differing documents a report lists, of each kind."""
@@ -90,7 +93,7 @@ async def replay(settings: Settings, work_dir: Path) -> ReplayReport:
             await consumer.start()
             consumer.assign([tp])
         start = (await consumers[sequence].beginning_offsets([sequence]))[sequence]
-        recorded = [BatchVerdicts.unpacked(record.value) for record in await _read(consumers[verdicts_tp], None)]
+        recorded = _verdicts(await _read(consumers[verdicts_tp], None))
         report = ReplayReport()
         with open_index(settings, work_dir) as index:
             deciding = _Calls(settings, Deduplicator(settings, index), limits)
@@ -154,6 +157,17 @@ class _Calls:
 
 _UNCOVERED = np.zeros(0, dtype=bool)
 """The stored bits of a run of sequence records that no verdict record covers."""
+
+
+def _verdicts(records: Sequence[ConsumerRecord]) -> list[BatchVerdicts]:
+    """The readable verdict records; what one that cannot be read covered is decided as no verdict record's."""
+    verdicts = []
+    for record in records:
+        try:
+            verdicts.append(BatchVerdicts.unpacked(record.value))
+        except NotAVerdictRecord as exc:
+            log.error("skipping the record at %s offset %d: %s", record.topic, record.offset, exc)
+    return verdicts
 
 
 def _calls(recorded: list[BatchVerdicts], start: int) -> Iterator[list[BatchVerdicts]]:

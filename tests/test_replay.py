@@ -16,7 +16,7 @@ from aiokafka.structs import ConsumerRecord
 
 from streamdedup.cli import main
 from streamdedup.kafka.verdict_records import BatchVerdicts
-from streamdedup.replay import _calls
+from streamdedup.replay import _calls, _verdicts
 from tests.test_scale_out import Deployment, natural, started
 from tests.test_scale_out import deployment as deployment  # the fixture
 from tests.test_service import STREAMDEDUP, write_config
@@ -76,6 +76,16 @@ def test_calls_are_the_deciders_and_what_no_verdict_record_covers_is_a_call_of_i
         [(8, 9, True)],
         [(9, 11, True)],
     ]
+
+
+def test_a_verdict_record_that_cannot_be_read_is_skipped_and_what_it_covered_decided_uncompared() -> None:
+    records = [
+        ConsumerRecord("seq.verdicts", 0, offset, 0, 0, None, value, None, -1, len(value), [])
+        for offset, value in enumerate([batch(0, 2, True, True).packed(), b"\xc1", batch(5, 6, True, True).packed()])
+    ]
+    readable = _verdicts(records)
+    assert [(each.first, each.end) for each in readable] == [(0, 2), (5, 6)]
+    assert spans(list(_calls(readable, 0))) == [[(0, 2, True)], [(2, 5, False)], [(5, 6, True)]]
 
 
 def test_a_replay_needs_a_scaled_out_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
