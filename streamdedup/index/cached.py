@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 KEY_FILTER_FILE = "key-filter.npz"
 _FILTER_BUILD_ROWS = 65_536
+# Table keys set at a time when a filter is filled from the tables: 8 MiB of keys.
+_FILTER_BUILD_KEYS = 1 << 20
 
 
 class _Transaction(threading.local):
@@ -307,7 +309,8 @@ class Cached:
         if fmt.entry_valued:
             staged = self.staged(txn)
             for table in range(tables):
-                key_filter.add_table(table, self.store.entry_table(table).rows(txn)[0])
+                for keys in self.store.entry_table(table).key_chunks(txn, _FILTER_BUILD_KEYS):
+                    key_filter.add_table(table, keys)
                 key_filter.add_table(table, staged[table].keys)
 
     def save_key_filter(self) -> None:

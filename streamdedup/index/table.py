@@ -204,6 +204,11 @@ class DuplicateRows(_Table):
         with txn.cursor(self.db) as cursor:
             return self.split_rows(b"".join(starmap(bytes.__add__, cursor.iternext())))
 
+    def key_chunks(self, txn: Any, size: int) -> Iterator[np.ndarray]:
+        """Every stored row's key (a layout only indexes of an old format have: all at once)."""
+        del size
+        yield self.rows(txn)[0]
+
     def replace(self, txn: Any, keys: np.ndarray, values: np.ndarray) -> None:
         """Store exactly these rows (sorted by key, then value, none repeated), in place of all stored: written
         in order with LMDB's append mode, which fills every page."""
@@ -485,6 +490,17 @@ class SortedRuns(_Table):
         kept = ~rows_in(stored_keys, stored_values, keys, values)
         if not kept.all():
             self.replace(txn, stored_keys[kept], stored_values[kept])
+
+    def key_chunks(self, txn: Any, size: int) -> Iterator[np.ndarray]:
+        """Every stored row's key, run after run, up to ``size`` at a time, read in place in LMDB's map."""
+        runs = self._catalog(txn)[1]
+        if not len(runs):
+            return
+        with self._in_place() as mapped:
+            for run in runs:
+                view = self._view(mapped, txn, run)
+                for start in range(0, view.rows, size):
+                    yield view.keys(slice(start, min(start + size, view.rows)))
 
     def rows(self, txn: Any) -> tuple[np.ndarray, np.ndarray]:
         """Every stored row in key order (a key's rows run after run, oldest first): keys, values."""
