@@ -7,8 +7,9 @@ consumer group, and decides the same documents in the same calls into an empty i
 commits nothing. With the deployment's settings it stores what the decider stored; with other settings (a change
 under consideration) it names the documents they would decide otherwise.
 
-Sequence records that no verdict record covers (decided by a version that published none) are decided as well, one
-call per run of them, and counted apart: nothing records how they were decided, so they are not compared.
+Sequence records that no verdict record covers (decided by a version that published none, or whose verdict record
+cannot be read) are decided as well, one call per run of them, and counted apart: nothing records how they were
+decided, so they are not compared.
 """
 
 from __future__ import annotations
