@@ -183,6 +183,35 @@ def test_an_index_given_a_cores_calls_ends_as_its_index_where_removed_entries_le
         assert 0 < sum(not v.novel for v in on_decided) < len(later)
 
 
+@pytest.mark.parametrize("max_entries", [None, 2000])
+def test_batches_rolled_back_and_decided_again_leave_the_index_as_if_decided_once(
+    settings: Settings, tmp_path: Path, max_entries: int | None
+) -> None:
+    # A restart on an index ahead of Kafka rolls back what Kafka never committed, then decides it again. The
+    # rolled-back documents' table rows go with them (a removed entry's rows would count towards key capacity
+    # until a sweep), and the merge turns and unswept counts are as before them: the index ends as one that
+    # decided each batch once, and decides on alike, with entries evicted (max_entries) or not.
+    evicting = settings.model_copy(update={"index": settings.index.model_copy(update={"max_entries": max_entries})})
+    shipped, _ = load_natural()
+    documents = [Document(doc.id, doc.text, float(row), ("seq", 0, row)) for row, doc in enumerate(shipped[:10_000])]
+    later = documents[9_000:]
+    with open_index(evicting, tmp_path / "rolled") as rolled, open_index(evicting, tmp_path / "once") as once:
+        rolling, deciding = Deduplicator(evicting, rolled), Deduplicator(evicting, once)
+        for start in range(0, 9_000, 500):
+            batch, offsets = documents[start : start + 500], {("seq", 0): start + 500}
+            if start // 500 % 3 == 1:
+                rolling.decide(batch, source_offsets=offsets)
+                assert rolled.rollback({("seq", 0): start}) > 0
+            rolling.decide(batch, source_offsets=offsets)
+            deciding.decide(batch, source_offsets=offsets)
+        same = ("entries", "clock", "staged_rows", "unswept_removals")
+        assert {key: rolled.stats()[key] for key in same} == {key: once.stats()[key] for key in same}
+        assert (once.stats()["unswept_removals"] > 0) == (max_entries is not None)
+        assert list(rolled.export()) == list(once.export())
+        on_rolled, on_once = rolling.decide(later), deciding.decide(later)
+        assert [tuple(v)[:2] + tuple(v)[3:] for v in on_rolled] == [tuple(v)[:2] + tuple(v)[3:] for v in on_once]
+
+
 def test_replayed_document_is_not_its_own_duplicate(settings: Settings, tmp_path: Path) -> None:
     batch = [Document("t-0-5", BASE, 0.0, ("t", 0, 5))]
     with open_index(settings, tmp_path / "idx") as index:

@@ -22,7 +22,9 @@ from .store import (
     META_CLOCK,
     META_CLOCK_WINDOW,
     META_COUNT,
+    META_NEXT_MERGE,
     META_NEXT_SEQ,
+    META_UNSWEPT,
     NO_TOPIC,
     U64,
     Store,
@@ -94,7 +96,9 @@ class Expiry:
                 moved = bool(cursor.key())
         return removed
 
-    def remove(self, txn: Any, seqs: np.ndarray, undo: Undo | None) -> int:
+    def remove(self, txn: Any, seqs: np.ndarray, undo: Undo | None, *, never_kept: bool = False) -> int:
+        """Remove these entries (``never_kept``: rolled back, so that an entry-valued table loses their rows now, as
+        if they had never been stored, where a removed entry's rows stay until a sweep and count till then)."""
         if not len(seqs):
             return 0
         entries, head, ids = self.lookup.fetch(txn, seqs)
@@ -114,7 +118,9 @@ class Expiry:
         self.lookup.contents.removed(txn, n)
         for key in origin_keys(head[head["topic"] != NO_TOPIC]):
             txn.delete(key, db=self.store.origins)
-        if self.fmt.entry_valued:
+        if self.fmt.entry_valued and never_kept:
+            self._drop_entry_rows(txn, entries, head)
+        elif self.fmt.entry_valued:
             # Each entry has rows of its own, and they stay, staged or merged, until their table is swept: a
             # lookup reads every candidate's record and drops those of removed entries. Deleting them here
             # dirtied a random page of every table per entry, which each commit wrote out again.
@@ -123,6 +129,29 @@ class Expiry:
             self._remove_fold_rows(txn, seq_keys, head, undo)
         self.store.put_counter(txn, META_COUNT, self.store.counter(txn, META_COUNT) - n)
         return n
+
+    def _drop_entry_rows(self, txn: Any, entries: np.ndarray, head: np.ndarray) -> None:
+        """Delete these entries' rows from an entry-valued index's tables, staged or merged. Rollbacks are rare and
+        undo the newest batches, whose rows are mostly still staged: a table is written again only where one of
+        its merges took some."""
+        keys, _, _ = table_rows(self.fmt.plan, head["fp"].reshape(len(head), self.fmt.words).astype(np.uint64))
+        values = entries.astype(np.uint64)
+        for table in range(len(self.store.tables)):
+            self.staging.drop(txn, table, keys[table], values)
+            merged_keys, merged_values = self.staging.rows_present(txn, table, keys[table], values)
+            if not len(merged_keys):
+                continue
+            stored_table = self.store.entry_table(table)
+            mirror = self.cached.table_mirror(txn)
+            mirrored = mirror.tables[table] if mirror is not None else None
+            stored_keys, stored_values = (
+                (mirrored.keys, mirrored.values) if mirrored is not None else stored_table.rows(txn)
+            )
+            kept = ~rows_in(stored_keys, stored_values, merged_keys, merged_values)
+            stored_table.replace(txn, stored_keys[kept], stored_values[kept])
+            self.cached.mirror_replaced(
+                txn, table, SortedRows(stored_keys[kept], stored_values[kept], stored_table.key_bits)
+            )
 
     def _remove_fold_rows(self, txn: Any, seq_keys: list[bytes], head: np.ndarray, undo: Undo | None) -> None:
         """Delete removed entries' folds (entry keys and records given), and the table rows of folds no surviving
@@ -212,7 +241,7 @@ class Expiry:
         if len(left):
             # Rolled back, these documents were never kept: their keys count for no earlier entry.
             self._skip_keys(txn, left)
-            removed += self.remove(txn, left, None)
+            removed += self.remove(txn, left, None, never_kept=True)
             self.undo.forget(txn)
         self.store.put_source_offsets(txn, offsets)
         return removed
@@ -277,7 +306,7 @@ class Expiry:
 
     def _undo_batch(self, txn: Any, key: bytes, record: UndoRecord, added: np.ndarray) -> int:
         """Remove a batch's entries and put back what it changed; returns how many of its entries were stored."""
-        removed = self.remove(txn, added, None)
+        removed = self.remove(txn, added, None, never_kept=True)
         older = record.seqs < np.uint64(record.first_seq)
         self._restore(
             txn,
@@ -305,6 +334,10 @@ class Expiry:
             else:
                 txn.put(meta_key, value, db=self.store.meta)
         self.store.put_counter(txn, META_COUNT, record.count)
+        if record.merge_turn is not None:
+            self.store.put_counter(txn, META_NEXT_MERGE, record.merge_turn)
+        if record.unswept is not None:
+            txn.put(META_UNSWEPT, record.unswept, db=self.store.meta)
         txn.delete(key, db=self.store.undo)
         return removed
 

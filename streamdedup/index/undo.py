@@ -2,7 +2,8 @@
 
 ``undo`` holds, per batch that stored entries, the last ``UNDO_BATCHES`` of them: the records it removed (expiry,
 ``max_entries`` eviction, a re-added id), the ``times`` rows it deleted or trimmed, the table rows it deleted (an
-index of folds), and the clock, its window and the count before it.
+index of folds), the clock, its window, the count and the tables' unswept removals before it, and the merge turn
+the index takes up again when it is undone.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ uncommitted in Kafka, and a batch that fails in part is stored in several."""
 @dataclass
 class Undo:
     """One batch's changes beyond its own entries (``first_seq`` on): the state before it of the clock, its window
-    and the count; the records it removed; the ``times`` rows it deleted or trimmed (None: a row it added); and
-    on a fold-valued index, the table rows it deleted (table, key, value)."""
+    and the count; the records it removed; the ``times`` rows it deleted or trimmed (None: a row it added); on a
+    fold-valued index, the table rows it deleted (table, key, value); the merge turn to take up again once it and
+    the batches after it are undone, and the tables' unswept removals before it."""
 
     first_seq: int
     count: int
@@ -42,6 +44,8 @@ class Undo:
     removed_ids: list[bytes]
     times: dict[bytes, bytes | None]
     table_rows: list[tuple[int, np.ndarray, np.ndarray]]
+    merge_turn: int | None = None
+    unswept: bytes | None = None
 
     def pack(self) -> bytes:
         seqs = np.concatenate(self.removed_seqs) if self.removed_seqs else np.zeros(0, np.uint64)
@@ -62,6 +66,8 @@ class Undo:
                 "row_tables": np.concatenate([np.full(len(k), t, _I64) for t, k, _ in rows]).tobytes() if rows else b"",
                 "row_keys": np.concatenate([k for _, k, _ in rows]).astype(_U64).tobytes() if rows else b"",
                 "row_values": np.concatenate([v for _, _, v in rows]).astype(_U64).tobytes() if rows else b"",
+                "merge_turn": self.merge_turn,
+                "unswept": self.unswept,
             }
         )
 
@@ -79,6 +85,8 @@ class UndoRecord:
     ids: list[bytes]
     times: list[tuple[bytes, bytes | None]]
     rows: tuple[np.ndarray, np.ndarray, np.ndarray]
+    merge_turn: int | None = None
+    unswept: bytes | None = None
 
     @classmethod
     def unpack(cls, raw: bytes, record: np.dtype) -> UndoRecord:
@@ -99,6 +107,8 @@ class UndoRecord:
                 np.frombuffer(a["row_keys"], dtype=_U64).astype(np.uint64),
                 np.frombuffer(a["row_values"], dtype=_U64).astype(np.uint64),
             ),
+            a.get("merge_turn"),
+            a.get("unswept"),
         )
 
     @classmethod

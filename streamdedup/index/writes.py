@@ -208,7 +208,8 @@ class Writes:
                     whole = len(rows_of_part) == len(batch)
                     part = batch if whole else batch.subset(rows_of_part, keyed=False)
                     table_keys = together.keys.keys if done == 0 else together.keys.keys[:, :0]
-                    self._add_part(txn, part, table_keys, together if at == last else None)
+                    # Undone with those after it, this part leaves the earlier parts' rows, stored in one turn.
+                    self._add_part(txn, part, table_keys, together if at == last else None, turns_after=int(done > 0))
                 else:
                     part = batch.subset(rows_of_part)
                     part_keys = part.table_keys
@@ -219,9 +220,11 @@ class Writes:
             if offsets:
                 self.store.put_source_offsets(txn, offsets)
 
-    def _add_part(self, txn: Any, batch: Batch, table_keys: np.ndarray, rows: _Rows | None) -> None:
+    def _add_part(
+        self, txn: Any, batch: Batch, table_keys: np.ndarray, rows: _Rows | None, *, turns_after: int = 0
+    ) -> None:
         """Store one part (ids distinct): its entries, ``table_keys`` in the key filter, and ``rows`` (this part's
-        table rows, or every part's)."""
+        table rows, or every part's). Undone, the part leaves the merge turn as before it, ``turns_after`` on."""
         id_keys = keys_of_ids(batch.id_bytes)
         undo = Undo(
             self.store.counter(txn, META_NEXT_SEQ),
@@ -233,6 +236,8 @@ class Writes:
             [],
             {},
             [],
+            self.store.counter(txn, META_NEXT_MERGE) + turns_after,
+            self.store.unswept(txn).astype(U64).tobytes(),
         )
         _, existing = self.lookup.entries_of_ids(txn, batch.id_bytes)
         if len(existing):
