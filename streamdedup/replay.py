@@ -29,7 +29,7 @@ from .document import Document, DocumentDecoder
 from .kafka.admin import admin_client
 from .kafka.clients import common_options
 from .kafka.consumer import standalone_consumer
-from .kafka.records import decoded_records, topic_record_limits
+from .kafka.records import topic_record_limits
 from .kafka.verdict_records import BatchVerdicts, NotAVerdictRecord
 from .service.batch import BatchOutput
 from .service.origins import Origins
@@ -129,10 +129,7 @@ class _Calls:
         batches: list[tuple[BatchVerdicts, list[str], list[int]]] = []
         for batch in call:
             carried = self._origins.carried([record for record in fetched if batch.first <= record.offset < batch.end])
-            decoded = self._output.fitting(
-                carried.records, decoded_records(self._decoder, carried.records, carried.origins)
-            )
-            rows = [row for row, item in enumerate(decoded) if type(item) is Document]
+            decoded, rows = self._output.decoded(self._decoder, carried)
             documents += [cast(Document, decoded[row]) for row in rows]
             signed.append(carried.signatures(rows, self._signing))
             parts.append((len(documents), {(self._topic, 0): self._origins.index_offset(batch.end)}))
@@ -188,7 +185,7 @@ def _calls(recorded: list[BatchVerdicts], start: int) -> Iterator[list[BatchVerd
         elif batch.first < held:
             # The replay's index holds the batch's first records already: only the rest is new, and not compared.
             batch = BatchVerdicts(held, batch.end, batch.leads, batch.closes, _UNCOVERED)
-        if call and (batch.leads or call[-1].closes):
+        if call and not batch.continues(call[-1]):
             yield call
             call = []
         call.append(batch)

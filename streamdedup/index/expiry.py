@@ -141,17 +141,9 @@ class Expiry:
             merged_keys, merged_values = self.staging.rows_present(txn, table, keys[table], values)
             if not len(merged_keys):
                 continue
-            stored_table = self.store.entry_table(table)
-            mirror = self.cached.table_mirror(txn)
-            mirrored = mirror.tables[table] if mirror is not None else None
-            stored_keys, stored_values = (
-                (mirrored.keys, mirrored.values) if mirrored is not None else stored_table.rows(txn)
-            )
+            stored_keys, stored_values = self._merged_rows(txn, table)
             kept = ~rows_in(stored_keys, stored_values, merged_keys, merged_values)
-            stored_table.replace(txn, stored_keys[kept], stored_values[kept])
-            self.cached.mirror_replaced(
-                txn, table, SortedRows(stored_keys[kept], stored_values[kept], stored_table.key_bits)
-            )
+            self._rewrite(txn, table, stored_keys[kept], stored_values[kept])
 
     def _remove_fold_rows(self, txn: Any, seq_keys: list[bytes], head: np.ndarray, undo: Undo | None) -> None:
         """Delete removed entries' folds (entry keys and records given), and the table rows of folds no surviving
@@ -190,25 +182,33 @@ class Expiry:
 
     def sweep(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
         """Rewrite an entry-valued table with its stored rows and these (its staged rows and a batch's, keys
-        ascending within each), leaving out the rows of removed entries. The stored rows come from the table's
-        copy in memory when there is one (reading them from LMDB costs ~0.75 us a row)."""
-        stored_table = self.store.entry_table(table)
-        mirror = self.cached.table_mirror(txn)
-        mirrored = mirror.tables[table] if mirror is not None else None
-        stored_keys, stored_values = (
-            (mirrored.keys, mirrored.values) if mirrored is not None else stored_table.rows(txn)
-        )
+        ascending within each), leaving out the rows of removed entries."""
+        stored_keys, stored_values = self._merged_rows(txn, table)
         keys, values = np.concatenate([stored_keys, keys]), np.concatenate([stored_values, values])
         alive = np.isin(values, self._live(txn))
         keys, values = keys[alive], values[alive]
         # Within a key, rows come in entry order (a table takes its rows batch after batch), which is the value
         # order LMDB keeps; a stable sort of already sorted runs only merges them.
         order = np.argsort(keys, kind="stable")
-        stored_table.replace(txn, keys[order], values[order])
-        self.cached.mirror_replaced(txn, table, SortedRows(keys[order], values[order], stored_table.key_bits))
+        self._rewrite(txn, table, keys[order], values[order])
         unswept = self.store.unswept(txn)
         unswept[table] = 0
         self.store.put_unswept(txn, unswept)
+
+    def _merged_rows(self, txn: Any, table: int) -> tuple[np.ndarray, np.ndarray]:
+        """An entry-valued table's merged rows, from its copy in memory when there is one (reading them from LMDB
+        costs ~0.75 us a row)."""
+        mirror = self.cached.table_mirror(txn)
+        mirrored = mirror.tables[table] if mirror is not None else None
+        if mirrored is not None:
+            return mirrored.keys, mirrored.values
+        return self.store.entry_table(table).rows(txn)
+
+    def _rewrite(self, txn: Any, table: int, keys: np.ndarray, values: np.ndarray) -> None:
+        """Store exactly these rows (keys ascending) as an entry-valued table's merged rows, and in its copy."""
+        stored_table = self.store.entry_table(table)
+        stored_table.replace(txn, keys, values)
+        self.cached.mirror_replaced(txn, table, SortedRows(keys, values, stored_table.key_bits))
 
     def sweep_hashed(self, txn: Any) -> None:
         """Sweep the rows of removed entries from the ids and the contents, each when due (see ``hashed_runs``)."""

@@ -41,6 +41,10 @@ class BatchVerdicts:
     closes: bool
     stored: np.ndarray
 
+    def continues(self, previous: BatchVerdicts) -> bool:
+        """Whether this batch was decided in the same call as ``previous``, the batch before it."""
+        return not previous.closes and not self.leads
+
     def packed(self) -> bytes:
         stored = np.asarray(self.stored, dtype=bool)
         return msgpack.packb(

@@ -16,12 +16,13 @@ import numpy as np
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from ..document import DeadLetter, Document
+from ..document import DeadLetter, Document, DocumentDecoder
 from ..fingerprint import fingerprint_hex
 from ..kafka.consumer import Unreadable
 from ..kafka.records import (
     OutgoingRecord,
     dead_letter,
+    decoded_records,
     default_id,
     duplicate,
     largest_record_bytes,
@@ -41,7 +42,7 @@ from ..names import (
 from ..settings import Settings
 from ..signature import Signatures
 from ..verdicts import Verdict, Verdicts
-from .origins import Origin
+from .origins import Carried, Origin
 
 __all__ = ["BatchOutput", "Decided", "Decision", "Prepared", "crashed"]
 
@@ -102,6 +103,12 @@ class BatchOutput:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self.limits: dict[str, int] = {}
+
+    def decoded(self, decoder: DocumentDecoder, carried: Carried) -> tuple[list[Document | DeadLetter], list[int]]:
+        """What the input records ``carried`` decode to, those whose output would not fit dead-lettered
+        (:meth:`fitting`), and the rows of the documents among them: what a batch decides."""
+        decoded = self.fitting(carried.records, decoded_records(decoder, carried.records, carried.origins))
+        return decoded, [row for row, item in enumerate(decoded) if type(item) is Document]
 
     def fitting(
         self, records: Sequence[ConsumerRecord], decoded: list[Document | DeadLetter]

@@ -30,7 +30,6 @@ from ..document import Document, DocumentDecoder
 from ..index import STORAGE_ERRORS
 from ..kafka.consumer import BatchConsumer
 from ..kafka.producer import TransactionalProducer
-from ..kafka.records import decoded_records
 from ..kafka.verdict_records import BatchVerdicts
 from ..lifecycle import StopRequest
 from ..metrics import PartitionLag, ServiceMetrics, Stage, index_capacity_bytes
@@ -438,10 +437,8 @@ class BatchPipeline:
         carried = self.origins.carried(fetched)
         records, origins = carried.records, carried.origins
         clamped = self._decoder.clamped_times
-        decoded = decoded_records(self._decoder, records, origins)
+        decoded, rows = self.output.decoded(self._decoder, carried)
         self._metrics.record_clamped_times(self._decoder.clamped_times - clamped)
-        decoded = self.output.fitting(records, decoded)
-        rows = [row for row, item in enumerate(decoded) if type(item) is Document]
         documents = [cast(Document, decoded[row]) for row in rows]
         # Plain tuples per record (a TopicPartition is several times dearer to build), one per partition after.
         last_offsets = {(record.topic, record.partition): record.offset for record in fetched}

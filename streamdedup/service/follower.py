@@ -205,7 +205,7 @@ def first_call(pending: Sequence[BatchVerdicts], *, complete: bool) -> list[Batc
     on). None when no record ends the call yet, unless ``complete``."""
     call = [pending[0]]
     for following in pending[1:]:
-        if call[-1].closes or following.leads:
+        if not following.continues(call[-1]):
             return call
         call.append(following)
     return call if call[-1].closes or complete else None
